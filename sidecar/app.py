@@ -1,0 +1,162 @@
+"""Composition root: ``build_app(settings, paths, runtime)`` wires every part in one readable place.
+
+Middleware order (outermost first): error rendering → network guard (SPEC §3, before anything else)
+→ authentication (SPEC §4) → handlers. Long-lived resources are ``cleanup_ctx`` entries in dependency
+order; teardown runs in reverse: routes are revoked first (aborting in-flight requests and streams),
+then the MCP session manager stops, then the audit log closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from sidecar.appkeys import (
+    AUDIT,
+    HUB,
+    INFLIGHT,
+    PATHS,
+    REGISTRY,
+    ROUTES,
+    RUNTIME,
+    SESSIONS,
+    SETTINGS,
+    TOOLS,
+    Runtime,
+)
+from sidecar.auth.inflight import InflightTracker
+from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
+from sidecar.auth.routes import PROXY_ROUTE, RouteRegistry
+from sidecar.auth.sessions import Session, SessionStore
+from sidecar.bus.builtins import install_builtins
+from sidecar.bus.endpoint import McpEndpoint
+from sidecar.bus.mcp import ChangeHub, build_mcp_server
+from sidecar.bus.registry import ToolRegistry
+from sidecar.bus.rest import RestFacade
+from sidecar.bus.tools import ToolService
+from sidecar.config import Settings
+from sidecar.control import add_control_routes
+from sidecar.http import error_middleware, json_response
+from sidecar.net.guard import make_guard_middleware
+from sidecar.paths import Paths
+from sidecar.store.audit import AuditLog
+
+__all__ = ["build_app"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(
+    settings: Settings,
+    paths: Paths,
+    runtime: Runtime,
+    *,
+    registry: ToolRegistry | None = None,
+) -> web.Application:
+    """The daemon's aiohttp application. ``registry`` lets benchmarks and tests add tools."""
+    inflight = InflightTracker()
+    audit = AuditLog(paths.audit_file)
+    routes = RouteRegistry(inflight, on_event=lambda name, event: _audit_route(audit, name, event))
+    sessions = SessionStore(
+        inflight, default_ttl=settings.sessions.default_ttl, max_ttl=settings.sessions.max_ttl
+    )
+    registry = install_builtins(registry or ToolRegistry())
+    tools = ToolService(registry, audit=audit, inflight=inflight)
+    hub = ChangeHub()
+    endpoint = McpEndpoint(
+        build_mcp_server(tools=tools, sessions=sessions, hub=hub),
+        settings=settings,
+        inflight=inflight,
+        hub=hub,
+    )
+
+    app = web.Application(
+        middlewares=[
+            error_middleware,
+            make_guard_middleware(
+                port=lambda: runtime.port,
+                allowed_origins=settings.origin_tuples(),
+                fetch_site_exempt=lambda path: False,
+            ),
+            make_auth_middleware(routes=routes, sessions=sessions, control_digest=lambda: runtime.control_digest),
+        ],
+        client_max_size=settings.limits.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[PATHS] = paths
+    app[RUNTIME] = runtime
+    app[AUDIT] = audit
+    app[INFLIGHT] = inflight
+    app[ROUTES] = routes
+    app[SESSIONS] = sessions
+    app[REGISTRY] = registry
+    app[TOOLS] = tools
+    app[HUB] = hub
+
+    sessions.subscribe(_SessionEvents(audit, hub))
+
+    async def mcp(request: web.Request) -> web.StreamResponse:
+        return await endpoint.handle(request, request[PRINCIPAL])
+
+    async def healthz(request: web.Request) -> web.Response:
+        return json_response({"status": "ok"})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/mcp", mcp)
+    RestFacade(registry=registry, tools=tools, sessions=sessions, limits=settings.limits).add_routes(app)
+    add_control_routes(app)
+
+    async def audit_ctx(app: web.Application) -> AsyncIterator[None]:
+        audit.append("daemon.start", pid=runtime.pid)
+        yield
+        audit.append("daemon.stop", pid=runtime.pid)
+        audit.close()
+
+    async def manager_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with endpoint.run():
+            yield
+
+    async def routes_ctx(app: web.Application) -> AsyncIterator[None]:
+        routes.register(PROXY_ROUTE, path="/mcp")
+        yield
+        await revoke_all(app)
+
+    async def revoke_all(app: web.Application) -> None:
+        # Stopping revokes every token: sessions end, then routes go, each aborting what runs on it.
+        # Runs on shutdown, before aiohttp waits for open handlers, so streams do not hold the stop.
+        sessions.end_all()
+        for route in routes.list():
+            routes.unregister(route.name)
+
+    app.cleanup_ctx.extend([audit_ctx, manager_ctx, routes_ctx])
+    app.on_shutdown.append(revoke_all)
+    return app
+
+
+def _audit_route(audit: AuditLog, name: str, event: str) -> None:
+    kind = {"registered": "token.mint", "rotated": "token.mint", "unregistered": "token.revoke"}[event]
+    audit.append(kind, route=name, reason=event)
+
+
+class _SessionEvents:
+    """Audit session lifecycle and push ``tools/list_changed`` when a session's grant changes."""
+
+    def __init__(self, audit: AuditLog, hub: ChangeHub) -> None:
+        self._audit = audit
+        self._hub = hub
+        self._tasks: set[asyncio.Task[int]] = set()
+
+    def __call__(self, session: Session, event: str) -> None:
+        self._audit.append(
+            f"session.{event}", session=session.id, project=session.project_id, mode=session.mode.value,
+            allow=list(session.allow), network=session.network,
+        )
+        if event == "updated":
+            task = asyncio.get_running_loop().create_task(self._hub.tools_changed(session.id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif event == "ended":
+            self._hub.forget(session.id)

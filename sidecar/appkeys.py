@@ -1,0 +1,65 @@
+"""Typed application state (``web.AppKey``): every key, in one module.
+
+``app.py`` fills them; handler modules import them from here, which keeps imports one-way
+(``app`` → handlers → ``appkeys``) instead of handlers importing the composition root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from sidecar.auth.inflight import InflightTracker
+from sidecar.auth.routes import RouteRegistry
+from sidecar.auth.sessions import SessionStore
+from sidecar.bus.mcp import ChangeHub
+from sidecar.bus.registry import ToolRegistry
+from sidecar.bus.tools import ToolService
+from sidecar.config import Settings
+from sidecar.paths import Paths
+from sidecar.store.audit import AuditLog
+
+__all__ = [
+    "AUDIT",
+    "HUB",
+    "INFLIGHT",
+    "PATHS",
+    "REGISTRY",
+    "ROUTES",
+    "RUNTIME",
+    "SESSIONS",
+    "SETTINGS",
+    "TOOLS",
+    "Runtime",
+]
+
+
+@dataclass(slots=True)
+class Runtime:
+    """Facts known only once the daemon runs: the bound port, the control token, the stop signal."""
+
+    control_token: str
+    control_digest: bytes
+    port: int = 0
+    pid: int = field(default_factory=os.getpid)
+    started_at: float = field(default_factory=time.time)
+    stop_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+
+
+SETTINGS = web.AppKey("settings", Settings)
+PATHS = web.AppKey("paths", Paths)
+RUNTIME = web.AppKey("runtime", Runtime)
+AUDIT = web.AppKey("audit", AuditLog)
+INFLIGHT = web.AppKey("inflight", InflightTracker)
+ROUTES = web.AppKey("routes", RouteRegistry)
+SESSIONS = web.AppKey("sessions", SessionStore)
+REGISTRY = web.AppKey("registry", ToolRegistry)
+TOOLS = web.AppKey("tools", ToolService)
+HUB = web.AppKey("hub", ChangeHub)

@@ -1,0 +1,86 @@
+"""Who may call which route: control token, route token + session envelope, or nothing (``/healthz``).
+
+Runs right after the network guard. A missing or wrong bearer token is 401 with
+``WWW-Authenticate: Bearer``; a missing, bad, expired or unknown envelope is 403 (SPEC §4). Tokens are
+read from ``Authorization: Bearer`` only, never from the URL.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+
+from sidecar.auth.encoding import token_digest
+from sidecar.auth.principal import Principal
+from sidecar.auth.routes import PROXY_ROUTE, RouteRegistry
+from sidecar.auth.sessions import SessionStore
+from sidecar.errors import Unauthorized
+
+__all__ = ["PRINCIPAL", "bearer_token", "make_auth_middleware", "route_for_path"]
+
+logger = logging.getLogger(__name__)
+
+PRINCIPAL = web.RequestKey("principal", Principal)
+CONTEXT_HEADER = "X-Sidecar-Context"
+
+
+def bearer_token(request: web.Request) -> str | None:
+    """The token of the single ``Authorization: Bearer`` header, or None; two headers are refused."""
+    values = request.headers.getall("Authorization", [])
+    if not values:
+        return None
+    if len(values) > 1:
+        raise Unauthorized("more than one Authorization header")
+    scheme, _, token = values[0].partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("use Authorization: Bearer <token>")
+    return token.strip()
+
+
+def route_for_path(path: str) -> str | None:
+    """The route whose token guards ``path`` (None: not a token route)."""
+    if path == "/mcp" or path.startswith("/api/v1/"):
+        return PROXY_ROUTE
+    prefix = "/mcp/connectors/"
+    if path.startswith(prefix):
+        connector = path[len(prefix) :].split("/", 1)[0]
+        return f"connector:{connector}" if connector else None
+    return None
+
+
+def make_auth_middleware(
+    *, routes: RouteRegistry, sessions: SessionStore, control_digest: Callable[[], bytes]
+) -> web.Middleware:
+    """Authenticate by path: ``/control`` → control token; token routes → route token + envelope."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+        path = request.path
+        if path == "/control" or path.startswith("/control/"):
+            _check_control(bearer_token(request), control_digest())
+            return await handler(request)
+        route_name = route_for_path(path)
+        if route_name is None:
+            return await handler(request)
+        route = routes.authenticate(route_name, bearer_token(request))
+        contexts = request.headers.getall(CONTEXT_HEADER, [])
+        session = sessions.verify(contexts[0] if len(contexts) == 1 else None)
+        request[PRINCIPAL] = Principal(route=route.name, generation=route.generation, session_id=session.id)
+        return await handler(request)
+
+    return auth
+
+
+def _check_control(presented: str | None, expected_digest: bytes) -> None:
+    if presented is None:
+        raise Unauthorized("missing control token")
+    try:
+        digest = token_digest(presented)
+    except ValueError:
+        raise Unauthorized("malformed control token") from None
+    # SECURITY: constant-time compare of fixed-length digests.
+    if not hmac.compare_digest(digest, expected_digest):
+        raise Unauthorized("invalid control token")

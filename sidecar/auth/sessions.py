@@ -1,0 +1,261 @@
+"""Sidecar sessions: what an agent host may do, held by the daemon and named by a signed envelope.
+
+The envelope (``X-Sidecar-Context``) only names the session and binds project, workspace, mode and
+lifetime; permissions always come from the ``Session`` record here (SPEC §4). Sessions live in memory
+for the daemon's lifetime (route tokens die with the daemon anyway, SPEC §4), so nothing here touches
+disk. Ending a session aborts its in-flight work and its envelope stops working at once.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sidecar.auth.encoding import b64url_encode
+from sidecar.auth.envelope import EnvelopeKeys, SessionClaims
+from sidecar.auth.inflight import InflightTracker
+from sidecar.errors import EnvelopeRejected, NotFound, RequestRejected
+
+__all__ = ["Mode", "Session", "SessionStore", "session_key", "validate_pattern"]
+
+logger = logging.getLogger(__name__)
+
+
+class Mode(enum.StrEnum):
+    """How much a session may do without asking (SPEC §6)."""
+
+    DEFAULT = "default"
+    READ_ONLY = "read-only"
+    BYPASS = "bypass"
+
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_SERVER_PATTERN = re.compile(r"^mcp__([A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*)__\*$")
+_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
+MAX_PATTERNS = 256
+
+
+def validate_pattern(pattern: str) -> str:
+    """Allowed forms: an exact tool name, ``mcp__<server>__*``, or ``*`` (SPEC §2)."""
+    if pattern == "*" or _TOOL_NAME.fullmatch(pattern) or _SERVER_PATTERN.fullmatch(pattern):
+        return pattern
+    raise RequestRejected(f"invalid tool pattern {pattern[:80]!r}: use a tool name, mcp__<server>__* or *")
+
+
+def session_key(session_id: str) -> tuple[str, str]:
+    """The in-flight key for everything running on behalf of a session."""
+    return ("session", session_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One session's record. Immutable: a grant change replaces the record."""
+
+    id: str
+    project_id: str
+    workspace: str
+    mode: Mode
+    allow: tuple[str, ...]
+    network: bool
+    created_at: int
+    expires_at: int
+
+    def expired(self, now: float) -> bool:
+        return now >= self.expires_at
+
+    def public(self) -> dict[str, object]:
+        """What ``session list`` and the control API show (never the envelope)."""
+        return {
+            "session_id": self.id,
+            "project_id": self.project_id,
+            "workspace": self.workspace,
+            "mode": self.mode.value,
+            "allow": list(self.allow),
+            "network": self.network,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+        }
+
+
+SessionListener = Callable[[Session, str], None]
+"""Called with (session, event) where event is ``created``, ``updated`` or ``ended``."""
+
+
+def canonical_workspace(path: str) -> str:
+    """The real path of an existing directory; anything else is a clear 400."""
+    try:
+        real = Path(path).expanduser().resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        raise RequestRejected(f"workspace {path!r} does not exist") from exc
+    if not real.is_dir():
+        raise RequestRejected(f"workspace {path!r} is not a directory")
+    return str(real)
+
+
+class SessionStore:
+    """Create, look up, change and end sessions; verify envelopes against live records."""
+
+    def __init__(
+        self,
+        inflight: InflightTracker,
+        *,
+        keys: EnvelopeKeys | None = None,
+        default_ttl: int,
+        max_ttl: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._keys = keys or EnvelopeKeys.generate()
+        self._inflight = inflight
+        self._default_ttl = default_ttl
+        self._max_ttl = max_ttl
+        self._clock = clock
+        self._listeners: list[SessionListener] = []
+
+    def subscribe(self, listener: SessionListener) -> None:
+        self._listeners.append(listener)
+
+    def create(
+        self,
+        *,
+        project_id: str,
+        workspace: str,
+        mode: str = Mode.DEFAULT.value,
+        allow: Iterable[str] = ("*",),
+        network: bool = True,
+        ttl: int | None = None,
+    ) -> tuple[Session, str]:
+        """Create a session and return it with its envelope."""
+        if not _PROJECT.fullmatch(project_id):
+            raise RequestRejected("project must be 1-128 characters of letters, digits and ._:/@-")
+        ttl = self._default_ttl if ttl is None else ttl
+        if not 60 <= ttl <= self._max_ttl:
+            raise RequestRejected(f"ttl must be between 60 and {self._max_ttl} seconds")
+        patterns = self._patterns(allow)
+        now = int(self._clock())
+        session = Session(
+            id="s_" + b64url_encode(secrets.token_bytes(16)),
+            project_id=project_id,
+            workspace=canonical_workspace(workspace),
+            mode=self._mode(mode),
+            allow=patterns,
+            network=network,
+            created_at=now,
+            expires_at=now + ttl,
+        )
+        self._prune(now)
+        self._sessions[session.id] = session
+        envelope = self._keys.sign(
+            SessionClaims(
+                session_id=session.id,
+                project_id=session.project_id,
+                workspace=session.workspace,
+                mode=session.mode.value,
+                iat=now,
+                exp=session.expires_at,
+            )
+        )
+        self._emit(session, "created")
+        return session, envelope
+
+    def verify(self, envelope: str | None) -> Session:
+        """The live session an envelope names; ``EnvelopeRejected`` (403) for anything else."""
+        if envelope is None:
+            raise EnvelopeRejected("missing X-Sidecar-Context")
+        now = self._clock()
+        claims = self._keys.verify(envelope, now=int(now))
+        session = self._sessions.get(claims.session_id)
+        if session is None:
+            raise EnvelopeRejected("unknown or ended session")
+        if session.expired(now):
+            raise EnvelopeRejected("session expired")
+        # SECURITY: the envelope binds these; a record that no longer matches is not this session.
+        if (claims.project_id, claims.workspace, claims.iat) != (
+            session.project_id,
+            session.workspace,
+            session.created_at,
+        ):
+            raise EnvelopeRejected("envelope does not match the session")
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.expired(self._clock()):
+            raise NotFound(f"no session {session_id!r}")
+        return session
+
+    def alive(self, session_id: str) -> Session | None:
+        session = self._sessions.get(session_id)
+        if session is None or session.expired(self._clock()):
+            return None
+        return session
+
+    def list(self) -> list[Session]:
+        self._prune(self._clock())
+        return sorted(self._sessions.values(), key=lambda s: s.created_at)
+
+    def update(
+        self,
+        session_id: str,
+        *,
+        mode: str | None = None,
+        allow: Iterable[str] | None = None,
+        network: bool | None = None,
+    ) -> Session:
+        """Change a session's grant; it applies to the next call (and listeners send list_changed)."""
+        session = self.get(session_id)
+        changed = replace(
+            session,
+            mode=self._mode(mode) if mode is not None else session.mode,
+            allow=self._patterns(allow) if allow is not None else session.allow,
+            network=network if network is not None else session.network,
+        )
+        self._sessions[session_id] = changed
+        self._emit(changed, "updated")
+        return changed
+
+    def end(self, session_id: str) -> int:
+        """End a session: its envelope dies now and its in-flight work is aborted."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            raise NotFound(f"no session {session_id!r}")
+        aborted = self._inflight.abort(session_key(session_id))
+        self._emit(session, "ended")
+        return aborted
+
+    def end_all(self) -> None:
+        for session_id in list(self._sessions):
+            self.end(session_id)
+
+    def _prune(self, now: float) -> None:
+        for session in [s for s in self._sessions.values() if s.expired(now)]:
+            self._sessions.pop(session.id, None)
+            self._inflight.abort(session_key(session.id))
+            self._emit(session, "ended")
+
+    @staticmethod
+    def _mode(mode: str) -> Mode:
+        try:
+            return Mode(mode)
+        except ValueError:
+            raise RequestRejected(f"mode must be one of {', '.join(m.value for m in Mode)}") from None
+
+    @staticmethod
+    def _patterns(allow: Iterable[str]) -> tuple[str, ...]:
+        patterns = tuple(dict.fromkeys(validate_pattern(p) for p in allow))
+        if len(patterns) > MAX_PATTERNS:
+            raise RequestRejected(f"at most {MAX_PATTERNS} tool patterns")
+        return patterns
+
+    def _emit(self, session: Session, event: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(session, event)
+            except Exception:
+                logger.exception("session listener failed on %s", event)

@@ -1,0 +1,125 @@
+"""A small ASGI bridge: hand one aiohttp request to an ASGI app (the MCP SDK's session manager).
+
+Why our own: the ``aiohttp-asgi`` package never reports ``http.disconnect`` and spins at EOF, which
+wedges the SDK's disconnect watchers (notes/mcp-sdk-2.3.md §3). Here ``receive()`` hands over the body
+once, then blocks until the client goes away or the request is aborted; writes after a disconnect are
+dropped, as uvicorn does. The body is read by the caller, bounded in size, time and depth, before the
+app sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, Final
+
+from aiohttp import web
+
+__all__ = ["AsgiApp", "AsgiExchange"]
+
+logger = logging.getLogger(__name__)
+
+AsgiApp = Callable[
+    [MutableMapping[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
+    Awaitable[None],
+]
+
+DISCONNECT_POLL: Final = 0.25
+"""Seconds between checks that the client is still connected (aiohttp has no disconnect callback)."""
+
+
+class AsgiExchange:
+    """One request/response exchange between aiohttp and an ASGI app. ``abort()`` ends it at once."""
+
+    def __init__(self, request: web.Request, body: bytes, extra_scope: dict[str, Any]) -> None:
+        self._request = request
+        self._body: bytes | None = body
+        self._extra = extra_scope
+        self._gone = asyncio.Event()
+        self._response: web.StreamResponse | None = None
+
+    def abort(self) -> None:
+        """Revocation: the app sees ``http.disconnect`` and the client sees its connection end."""
+        self._gone.set()
+        transport = self._request.transport
+        if transport is not None:
+            transport.close()
+
+    async def run(self, app: AsgiApp) -> web.StreamResponse:
+        watcher = asyncio.create_task(self._watch_disconnect())
+        try:
+            await app(self._scope(), self._receive, self._send)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if self._response is None:
+            # The app ended without answering (only when the client left first): nothing to send.
+            return web.Response(status=499 if self._gone.is_set() else 500)
+        if self._response.prepared and not self._gone.is_set():
+            with contextlib.suppress(ConnectionError):
+                await self._response.write_eof()
+        return self._response
+
+    def _scope(self) -> dict[str, Any]:
+        request = self._request
+        transport = request.transport
+        peer = transport.get_extra_info("peername") if transport else None
+        sock = transport.get_extra_info("sockname") if transport else None
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": f"{request.version.major}.{request.version.minor}",
+            "method": request.method,
+            "scheme": "http",
+            "path": request.path,
+            "raw_path": request.rel_url.raw_path.encode("latin-1"),
+            "query_string": request.rel_url.raw_query_string.encode("latin-1"),
+            "root_path": "",
+            "headers": [(name.lower(), value) for name, value in request.raw_headers],
+            "client": tuple(peer[:2]) if peer else None,
+            "server": tuple(sock[:2]) if sock else None,
+            "state": {},
+        }
+        scope.update(self._extra)
+        return scope
+
+    async def _receive(self) -> dict[str, Any]:
+        if self._body is not None:
+            body, self._body = self._body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self._gone.is_set():
+            return  # the client is gone: drop, as uvicorn does
+        kind = message["type"]
+        try:
+            if kind == "http.response.start":
+                response = web.StreamResponse(status=message["status"])
+                for name, value in message.get("headers", ()):
+                    response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+                self._response = response
+                # SSE needs the headers on the wire before the first event.
+                await response.prepare(self._request)
+            elif kind == "http.response.body" and self._response is not None:
+                body = message.get("body", b"")
+                if body:
+                    await self._response.write(body)
+                if not message.get("more_body", False):
+                    await self._response.write_eof()
+        except (ConnectionError, RuntimeError) as exc:
+            logger.debug("client went away while writing: %s", exc)
+            self._gone.set()
+
+    async def _watch_disconnect(self) -> None:
+        while not self._gone.is_set():
+            transport = self._request.transport
+            if transport is None or transport.is_closing():
+                self._gone.set()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._gone.wait(), DISCONNECT_POLL)

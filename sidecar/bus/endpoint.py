@@ -1,0 +1,113 @@
+"""``/mcp``: MCP Streamable HTTP (both protocol eras) served from aiohttp through the SDK's manager.
+
+The SDK's ``StreamableHTTPSessionManager`` owns the protocol (sessions, SSE, the GET stream, DELETE,
+2026-07-28 single exchanges). We own everything before it: the guard and auth middlewares have run
+by the time ``McpEndpoint.handle`` sees a request, which reads the body within limits, binds the
+transport session to the caller (SDK session ownership: another token or envelope gets 404), and
+registers the exchange so that revoking its route or session aborts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+from aiohttp import web
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from sidecar.auth.inflight import InflightTracker
+from sidecar.auth.principal import SCOPE_KEY, Principal
+from sidecar.auth.routes import route_key
+from sidecar.auth.sessions import session_key
+from sidecar.bus.asgi import AsgiExchange
+from sidecar.bus.mcp import ChangeHub
+from sidecar.config import Settings
+from sidecar.net.body import read_body
+
+__all__ = ["McpEndpoint"]
+
+logger = logging.getLogger(__name__)
+
+MANAGER_STOP_TIMEOUT: Final = 5.0
+"""Seconds the SDK manager gets to close its sessions at shutdown before its task is cancelled."""
+
+
+class McpEndpoint:
+    """The aiohttp side of ``/mcp``; ``run()`` is the manager's lifetime (an async context manager)."""
+
+    def __init__(
+        self,
+        server: Any,
+        *,
+        settings: Settings,
+        inflight: InflightTracker,
+        hub: ChangeHub,
+    ) -> None:
+        self._settings = settings
+        self._inflight = inflight
+        self._hub = hub
+        self._manager = StreamableHTTPSessionManager(
+            server,
+            json_response=settings.mcp.json_response,
+            # The guard middleware has already enforced Host/Origin with a 403 (the SDK answers 421,
+            # which the conformance suite rejects). The SDK still checks Content-Type and body size.
+            security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=False,
+            ),
+            session_idle_timeout=settings.mcp.session_idle_timeout,
+            max_request_body_size=settings.limits.max_body_bytes,
+            max_sessions=settings.mcp.max_sessions,
+        )
+
+    @contextlib.asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        """Run the SDK manager in a task of its own: anyio scopes must exit in the task that entered them."""
+        started = asyncio.Event()
+        stop = asyncio.Event()
+
+        async def hold() -> None:
+            async with self._manager.run():
+                started.set()
+                await stop.wait()
+
+        task = asyncio.create_task(hold(), name="mcp-session-manager")
+        waiter = asyncio.create_task(started.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            task.result()  # raises the manager's start-up error
+        try:
+            yield
+        finally:
+            stop.set()
+            try:
+                await asyncio.wait_for(task, MANAGER_STOP_TIMEOUT)
+            except (TimeoutError, asyncio.CancelledError):
+                logger.warning("MCP session manager did not stop within %ss", MANAGER_STOP_TIMEOUT)
+
+    async def handle(self, request: web.Request, principal: Principal) -> web.StreamResponse:
+        body = b""
+        if request.method == "POST":
+            body = await read_body(request, self._settings.limits)
+        transport_id = request.headers.get("mcp-session-id")
+        if request.method == "DELETE" and transport_id:
+            self._hub.forget_transport(principal.session_id, transport_id)
+        exchange = AsgiExchange(
+            request,
+            body,
+            {
+                SCOPE_KEY: principal,
+                # SDK session ownership: a transport session opened by one (route token, session) pair
+                # answers 404 to any other (SPEC §4).
+                "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),
+            },
+        )
+        keys = (route_key(principal.route), session_key(principal.session_id))
+        with self._inflight.track(keys, exchange.abort):
+            return await exchange.run(self._manager.handle_request)

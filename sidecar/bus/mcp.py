@@ -1,0 +1,201 @@
+"""The MCP server behind ``/mcp``: tool handlers over the ``ToolService``, and list_changed delivery.
+
+This and ``bus/endpoint.py`` are the only modules that touch the SDK's server side. Handlers find the
+caller in the ASGI scope (put there by the bridge after auth) and re-read the live session on every
+request, so an ended session or a shrunken grant applies immediately.
+
+``tools/list_changed`` reaches a session's clients two ways: 2025-era clients through their MCP
+transport session's standalone (GET) stream, 2026-07-28 clients through ``subscriptions/listen``
+streams fed by a per-session subscription bus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import mcp.types as types
+from mcp.server import NotificationOptions, Server, ServerRequestContext
+from mcp.server.models import InitializationOptions
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+
+from sidecar import __version__
+from sidecar.auth.principal import SCOPE_KEY, Principal
+from sidecar.auth.routes import route_key
+from sidecar.auth.sessions import Session, SessionStore
+from sidecar.bus.registry import Risk, ToolDef
+from sidecar.bus.tools import ToolService
+
+__all__ = ["ChangeHub", "build_mcp_server", "tool_control_id"]
+
+logger = logging.getLogger(__name__)
+
+MAX_LEGACY_PER_SESSION: Final = 64
+"""MCP transport sessions remembered per sidecar session for list_changed (oldest dropped first)."""
+
+META_PREFIX: Final = "dev.sidecar/"
+
+
+def tool_control_id(tool: ToolDef) -> str:
+    """A stable id for host UIs: the same tool from the same source always gets the same id."""
+    digest = hashlib.sha256(f"{tool.source}\x00{tool.server}\x00{tool.name}".encode()).hexdigest()
+    return f"tc_{digest[:20]}"
+
+
+def _principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
+    request = ctx.request
+    scope = getattr(request, "scope", None)
+    principal = scope.get(SCOPE_KEY) if isinstance(scope, dict) else None
+    if not isinstance(principal, Principal):
+        # Only reachable if the bridge was bypassed; refuse rather than guess.
+        raise PermissionError("request reached the MCP server without a verified principal")
+    return principal
+
+
+class ChangeHub:
+    """Knows each sidecar session's MCP clients, to tell them when its visible tools change."""
+
+    def __init__(self) -> None:
+        self._legacy: dict[str, OrderedDict[str, ServerSession]] = {}
+        self._listeners: dict[str, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+
+    def remember(self, session_id: str, transport_session_id: str, session: ServerSession) -> None:
+        known = self._legacy.setdefault(session_id, OrderedDict())
+        if transport_session_id in known:
+            known.move_to_end(transport_session_id)
+            return
+        known[transport_session_id] = session
+        while len(known) > MAX_LEGACY_PER_SESSION:
+            known.popitem(last=False)
+
+    def forget_transport(self, session_id: str, transport_session_id: str) -> None:
+        known = self._legacy.get(session_id)
+        if known is not None:
+            known.pop(transport_session_id, None)
+
+    async def listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        session_id = _principal(ctx).session_id
+        entry = self._listeners.get(session_id)
+        if entry is None:
+            bus = InMemorySubscriptionBus()
+            entry = self._listeners[session_id] = (bus, ListenHandler(bus, max_subscriptions=64))
+        return await entry[1](ctx, params)
+
+    async def tools_changed(self, session_id: str) -> int:
+        """Notify every known client of ``session_id``; return how many deliveries were attempted."""
+        sent = 0
+        for transport_id, session in list(self._legacy.get(session_id, {}).items()):
+            try:
+                await session.send_tool_list_changed()
+                sent += 1
+            except Exception as exc:  # a closed transport: forget it
+                logger.debug("dropping MCP session %s of %s: %s", transport_id[:12], session_id, exc)
+                self.forget_transport(session_id, transport_id)
+        entry = self._listeners.get(session_id)
+        if entry is not None:
+            await entry[0].publish(ToolsListChanged())
+            sent += 1
+        return sent
+
+    def forget(self, session_id: str) -> None:
+        self._legacy.pop(session_id, None)
+        entry = self._listeners.pop(session_id, None)
+        if entry is not None:
+            entry[1].close()
+
+
+class _SidecarServer(Server[Any]):
+    """The lowlevel server, advertising ``tools.listChanged`` (the manager passes no options)."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+        )
+
+
+def _tool_to_mcp(tool: ToolDef) -> types.Tool:
+    return types.Tool(
+        name=tool.name,
+        title=tool.title,
+        description=tool.description,
+        input_schema=dict(tool.input_schema),
+        annotations=types.ToolAnnotations(
+            title=tool.title,
+            read_only_hint=tool.risk is Risk.LOW,
+            destructive_hint=tool.risk is not Risk.LOW,
+            open_world_hint=tool.needs_network,
+        ),
+        _meta={
+            META_PREFIX + "risk": tool.risk.value,
+            META_PREFIX + "toolControlId": tool_control_id(tool),
+            META_PREFIX + "requiresConfirmation": tool.risk is Risk.MEDIUM,
+        },
+    )
+
+
+def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeHub) -> Server[Any]:
+    """The SDK server for ``/mcp``. Every handler resolves the live session first."""
+
+    def live_session(ctx: ServerRequestContext[Any, Any]) -> Session | None:
+        return sessions.alive(_principal(ctx).session_id)
+
+    async def on_list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        session = live_session(ctx)
+        visible = tools.visible(session) if session is not None else []
+        return types.ListToolsResult(tools=[_tool_to_mcp(t) for t in visible])
+
+    async def on_call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        principal = _principal(ctx)
+        session = sessions.alive(principal.session_id)
+        if session is None:
+            return _error_result("this session has ended")
+        outcome = await tools.call(
+            session, params.name, params.arguments, via="mcp", abort_keys=(route_key(principal.route),)
+        )
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=outcome.text)],
+            structured_content=dict(outcome.structured) if outcome.structured is not None else None,
+            is_error=outcome.is_error,
+        )
+
+    async def remember_clients(
+        ctx: ServerRequestContext[Any, Any], call_next: Callable[[ServerRequestContext[Any, Any]], Awaitable[Any]]
+    ) -> Any:
+        request = ctx.request
+        if request is not None and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            transport_id = request.headers.get("mcp-session-id")
+            if transport_id:
+                hub.remember(_principal(ctx).session_id, transport_id, ctx.session)
+        return await call_next(ctx)
+
+    server = _SidecarServer(
+        "sidecar",
+        version=__version__,
+        instructions="sidecar: the tools this agent session may use on this machine.",
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+        on_subscriptions_listen=hub.listen,
+    )
+    # The SDK's default OpenTelemetry middleware costs ~11 µs a call and exports nothing here.
+    server.middleware = [remember_clients]
+    return server
+
+
+def _error_result(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)

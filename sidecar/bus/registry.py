@@ -1,0 +1,150 @@
+"""The tool registry: built-in tools are registered where they are defined, with a fixed risk.
+
+``@registry.tool(name=..., description=..., risk=..., parameters={...})`` on an async function
+``(arguments: dict, call: CallContext) -> ToolOutput``. Risk is part of the definition and cannot
+change at run time (the definition is frozen).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+__all__ = ["CallContext", "Risk", "ToolDef", "ToolHandler", "ToolOutput", "ToolRegistry", "validate_tool_name"]
+
+
+class Risk(enum.StrEnum):
+    """SPEC §6: LOW reads, MEDIUM has reversible side effects, HIGH is irreversible or talks outward."""
+
+    LOW = "LOW"
+    MEDIUM = "MEDIUM"
+    HIGH = "HIGH"
+
+
+# MCP tool names (SEP-986) further capped at 64 characters, which is what downstream LLM APIs accept.
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def validate_tool_name(name: str) -> str:
+    if not _TOOL_NAME.fullmatch(name):
+        raise ValueError(f"invalid tool name {name!r}: 1-64 characters of A-Z a-z 0-9 _ . -")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """What a tool may know about the call: the session's id, project and workspace."""
+
+    session_id: str
+    project_id: str
+    workspace: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A tool's result: text for the model and, optionally, structured content."""
+
+    text: str
+    structured: Mapping[str, Any] | None = None
+
+
+ToolHandler = Callable[[dict[str, Any], CallContext], Awaitable[ToolOutput]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDef:
+    """One tool's definition. ``source``/``server`` say where it comes from (``builtin`` here)."""
+
+    name: str
+    description: str
+    risk: Risk
+    input_schema: Mapping[str, Any]
+    handler: ToolHandler
+    title: str | None = None
+    tags: frozenset[str] = frozenset()
+    needs_network: bool = False
+    source: str = "builtin"
+    server: str = "sidecar"
+    validator: Draft202012Validator = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
+
+
+class ToolRegistry:
+    """Holds tool definitions by name; names are unique and never silently replaced."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, ToolDef] = {}
+
+    def tool(
+        self,
+        *,
+        name: str,
+        description: str,
+        risk: Risk,
+        parameters: Mapping[str, Any] | None = None,
+        title: str | None = None,
+        tags: frozenset[str] = frozenset(),
+        needs_network: bool = False,
+    ) -> Callable[[ToolHandler], ToolHandler]:
+        """Decorator registering an async handler as a tool."""
+
+        def register(handler: ToolHandler) -> ToolHandler:
+            self.add(
+                name=name,
+                description=description,
+                risk=risk,
+                parameters=parameters,
+                handler=handler,
+                title=title,
+                tags=tags,
+                needs_network=needs_network,
+            )
+            return handler
+
+        return register
+
+    def add(
+        self,
+        *,
+        name: str,
+        description: str,
+        risk: Risk,
+        handler: ToolHandler,
+        parameters: Mapping[str, Any] | None = None,
+        title: str | None = None,
+        tags: frozenset[str] = frozenset(),
+        needs_network: bool = False,
+    ) -> ToolDef:
+        validate_tool_name(name)
+        if name in self._tools:
+            raise ValueError(f"tool {name!r} is already registered")
+        schema = dict(parameters or {"type": "object", "properties": {}})
+        if schema.get("type") != "object":
+            raise ValueError(f"tool {name!r}: parameters must be a JSON Schema of type object")
+        Draft202012Validator.check_schema(schema)
+        definition = ToolDef(
+            name=name,
+            description=description,
+            risk=Risk(risk),
+            input_schema=schema,
+            handler=handler,
+            title=title,
+            tags=tags,
+            needs_network=needs_network,
+            validator=Draft202012Validator(schema),
+        )
+        self._tools[name] = definition
+        return definition
+
+    def get(self, name: str) -> ToolDef | None:
+        return self._tools.get(name)
+
+    def __iter__(self) -> Iterator[ToolDef]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)

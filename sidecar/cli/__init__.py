@@ -1,0 +1,260 @@
+"""The ``sidecar`` command line. Each command is a function returning an exit code.
+
+Exit codes: 0 ok, 1 the operation failed (the message says why), 2 bad usage (argparse).
+Everything that talks to a running daemon goes through the control API (``cli/client.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sidecar import __version__
+from sidecar.errors import SidecarError
+from sidecar.paths import Paths
+
+__all__ = ["main"]
+
+Handler = Callable[[argparse.Namespace, Paths], int]
+
+
+def _print(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
+    if getattr(args, "json", False) or text is None:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(text)
+
+
+def _client(paths: Paths) -> Any:
+    from sidecar.cli.client import ControlClient
+
+    return ControlClient(paths)
+
+
+def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
+    import asyncio
+
+    from sidecar.config import check_bind_host, load_settings
+    from sidecar.daemon import serve
+
+    check_bind_host(args.host)
+    settings = load_settings(paths.settings_file, overrides={"port": args.port})
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(serve(settings, paths))
+
+
+def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
+    status = _client(paths).call("GET", "/control/status")
+    text = (
+        f"sidecar {status['version']} running (pid {status['pid']})\n"
+        f"  url:        {status['url']}\n"
+        f"  uptime:     {status['uptime_seconds']:.0f}s\n"
+        f"  sessions:   {status['sessions']}\n"
+        f"  routes:     {', '.join(status['routes']) or '-'}\n"
+        f"  connectors: {len(status['connectors'])}\n"
+        f"  storage:    {status['storage']['credentials']}"
+        + (" (INSECURE)" if status["storage"]["insecure"] else "")
+    )
+    _print(args, status, text)
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
+    from sidecar.daemon import read_runtime
+
+    client = _client(paths)
+    pid = client.runtime["pid"]
+    client.call("POST", "/control/stop")
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if read_runtime(paths) is None:
+            print(f"stopped sidecar (pid {pid})")
+            return 0
+        time.sleep(0.05)
+    print(f"sidecar (pid {pid}) did not stop within {args.timeout:g}s", file=sys.stderr)
+    return 1
+
+
+def cmd_session_new(args: argparse.Namespace, paths: Paths) -> int:
+    from sidecar.cli.formats import render
+
+    body: dict[str, Any] = {
+        "project": args.project,
+        "workspace": str(Path(args.workspace or os.getcwd()).absolute()),
+        "mode": args.mode,
+        "allow": args.allow or ["*"],
+        "network": args.network,
+    }
+    if args.ttl is not None:
+        body["ttl"] = args.ttl
+    created = _client(paths).call("POST", "/control/sessions", body)
+    print(json.dumps(render(args.format, created), indent=2))
+    return 0
+
+
+def cmd_session_list(args: argparse.Namespace, paths: Paths) -> int:
+    sessions = _client(paths).call("GET", "/control/sessions")["sessions"]
+    lines = [
+        f"{s['session_id']}  {s['mode']:<9}  {s['project_id']:<16}  expires {time.ctime(s['expires_at'])}  "
+        f"{s['workspace']}"
+        for s in sessions
+    ]
+    _print(args, sessions, "\n".join(lines) or "no sessions")
+    return 0
+
+
+def cmd_session_end(args: argparse.Namespace, paths: Paths) -> int:
+    result = _client(paths).call("DELETE", f"/control/sessions/{args.session_id}")
+    _print(args, result, f"ended {args.session_id} ({result['aborted']} in-flight requests aborted)")
+    return 0
+
+
+def cmd_session_update(args: argparse.Namespace, paths: Paths) -> int:
+    body: dict[str, Any] = {}
+    if args.mode is not None:
+        body["mode"] = args.mode
+    if args.allow is not None:
+        body["allow"] = args.allow
+    if args.network is not None:
+        body["network"] = args.network
+    result = _client(paths).call("PATCH", f"/control/sessions/{args.session_id}", body)
+    _print(args, result, f"updated {args.session_id}: mode {result['mode']}, allow {' '.join(result['allow'])}")
+    return 0
+
+
+def cmd_routes_list(args: argparse.Namespace, paths: Paths) -> int:
+    routes = _client(paths).call("GET", "/control/routes")["routes"]
+    _print(args, routes, "\n".join(f"{r['name']:<24} {r['path']}" for r in routes) or "no routes")
+    return 0
+
+
+def cmd_routes_rotate(args: argparse.Namespace, paths: Paths) -> int:
+    _client(paths).call("POST", f"/control/routes/{args.name}/rotate")
+    print(f"rotated the token of {args.name}; its in-flight requests were aborted. Issue new sessions.")
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace, paths: Paths) -> int:
+    from sidecar.store.audit import verify
+
+    if args.verify:
+        report = verify(paths.audit_file)
+        data = {"ok": report.ok, "records": report.records, "problems": report.problems}
+        text = f"audit log ok: {report.records} records, chain intact" if report.ok else (
+            f"audit log TAMPERED ({report.records} records):\n  " + "\n  ".join(report.problems)
+        )
+        _print(args, data, text)
+        return 0 if report.ok else 1
+    return _tail(paths.audit_file, follow=args.follow)
+
+
+def _tail(path: Path, *, follow: bool) -> int:
+    try:
+        handle = path.open("r", encoding="utf-8")
+    except FileNotFoundError:
+        if not follow:
+            print("no audit records yet")
+            return 0
+        while not path.exists():
+            time.sleep(0.2)
+        handle = path.open("r", encoding="utf-8")
+    with handle:
+        while True:
+            line = handle.readline()
+            if line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            elif follow:
+                time.sleep(0.2)
+            else:
+                return 0
+
+
+def cmd_service(args: argparse.Namespace, paths: Paths) -> int:
+    from sidecar import service
+
+    result = service.install() if args.action == "install" else service.uninstall()
+    print(f"{args.action}ed {result.path}" if args.action == "install" else f"removed {result.path}")
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sidecar", description="One safe local MCP endpoint for every agent.")
+    parser.add_argument("--version", action="version", version=f"sidecar {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Handler, help_text: str, parent: Any = sub) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--json", action="store_true", help="print JSON")
+        return p
+
+    serve = command("serve", cmd_serve, "run the daemon in the foreground")
+    serve.add_argument("--port", type=int, default=None, help="TCP port (0 = any free port)")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (only 127.0.0.1 is accepted)")
+    serve.add_argument("-v", "--verbose", action="store_true")
+    with_json(command("status", cmd_status, "show the running daemon"))
+    stop = command("stop", cmd_stop, "stop the running daemon")
+    stop.add_argument("--timeout", type=float, default=15.0)
+
+    session = sub.add_parser("session", help="create, list, change and end agent sessions")
+    ssub = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
+    new = command("new", cmd_session_new, "create a session and print a client configuration", ssub)
+    new.add_argument("--project", default="default")
+    new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
+    new.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
+    new.add_argument("--allow", action="append", metavar="PATTERN", help="tool name, mcp__<server>__* or *")
+    new.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
+    new.add_argument("--ttl", type=int, help="lifetime in seconds")
+    new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"],
+                     default="raw")
+    with_json(command("list", cmd_session_list, "list live sessions", ssub))
+    end = with_json(command("end", cmd_session_end, "end a session and abort its in-flight calls", ssub))
+    end.add_argument("session_id")
+    update = with_json(command("update", cmd_session_update, "change a session's mode or grant", ssub))
+    update.add_argument("session_id")
+    update.add_argument("--mode", choices=["default", "read-only", "bypass"])
+    update.add_argument("--allow", action="append", metavar="PATTERN")
+    update.add_argument("--network", action=argparse.BooleanOptionalAction, default=None)
+
+    routes = sub.add_parser("routes", help="list routes, rotate a route's token")
+    rsub = routes.add_subparsers(dest="routes_command", required=True, metavar="ACTION")
+    with_json(command("list", cmd_routes_list, "list mounted routes", rsub))
+    rotate = command("rotate", cmd_routes_rotate, "re-mint a route's token (aborts its in-flight requests)", rsub)
+    rotate.add_argument("name")
+
+    audit = with_json(command("audit", cmd_audit, "print the audit log, follow it, or verify its chain"))
+    audit.add_argument("--follow", action="store_true")
+    audit.add_argument("--verify", action="store_true")
+
+    svc = command("service", cmd_service, "install or remove the background service (systemd/launchd)")
+    svc.add_argument("action", choices=["install", "uninstall"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    paths = Paths.resolve()
+    try:
+        code: int = args.handler(args, paths)
+        return code
+    except SidecarError as err:
+        print(f"sidecar: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,184 @@
+"""Settings: frozen pydantic models. Precedence: defaults < ``<config>/sidecar.toml`` < env < flags.
+
+The defaults here are the contract; ``config/sidecar.toml`` in the repository restates them for users
+to copy, and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from sidecar.errors import ConfigError
+
+__all__ = ["LOOPBACK_HOST", "check_bind_host", "parse_origin", "Limits", "McpSettings", "Origin", "SessionSettings", "Settings", "load_settings"]
+
+LOOPBACK_HOST = "127.0.0.1"
+
+Origin = tuple[str, str, int]
+"""An origin as compared by the guard: (scheme, lower-case host, port with the default filled in)."""
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class Limits(_Frozen):
+    """Bounds on what one request may cost the daemon (SPEC §3)."""
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Largest request body in bytes; more gets 413. 4 MiB, the MCP SDK's own limit."""
+
+    max_json_depth: int = Field(default=64, ge=4, le=512)
+    """Deepest nesting of arrays/objects in a JSON body; deeper gets 400 before any parser sees it."""
+
+    body_read_timeout: float = Field(default=30.0, gt=0, le=600)
+    """Seconds a client may take to send its whole body; slower gets 408."""
+
+    max_header_bytes: int = Field(default=8190, ge=1024, le=65536)
+    """Longest request line or header field; aiohttp answers longer ones with 400."""
+
+    max_headers: int = Field(default=128, ge=16, le=1024)
+    """Most header fields in one request."""
+
+
+class McpSettings(_Frozen):
+    """The Streamable HTTP endpoint at ``/mcp``."""
+
+    json_response: bool = False
+    """Answer 2025-era POSTs with one JSON body instead of an SSE stream (no request-scoped notifications)."""
+
+    session_idle_timeout: float = Field(default=1800.0, gt=0)
+    """Seconds an MCP transport session may sit idle (no request, no open GET stream) before it is closed."""
+
+    max_sessions: int = Field(default=1000, ge=1)
+    """Most concurrent MCP transport sessions; more get 503."""
+
+
+class SessionSettings(_Frozen):
+    """Sidecar sessions (the signed context an agent host carries)."""
+
+    default_ttl: int = Field(default=12 * 3600, ge=60)
+    """Seconds a new session lives unless ``session new`` asks for less."""
+
+    max_ttl: int = Field(default=7 * 24 * 3600, ge=60)
+    """Longest lifetime a session may be given."""
+
+
+class Settings(_Frozen):
+    """Everything the daemon reads at start."""
+
+    host: str = LOOPBACK_HOST
+    """Bind address. Only 127.0.0.1 is accepted: sidecar never listens beyond this machine."""
+
+    port: int = Field(default=0, ge=0, le=65535)
+    """TCP port; 0 picks a free one (the chosen port is written to runtime.json)."""
+
+    allowed_origins: tuple[str, ...] = ()
+    """Browser origins (scheme://host[:port]) allowed to call the daemon; none by default."""
+
+    shutdown_timeout: float = Field(default=5.0, gt=0, le=60)
+    """Seconds a graceful stop may take before open connections are cut."""
+
+    limits: Limits = Limits()
+    mcp: McpSettings = McpSettings()
+    sessions: SessionSettings = SessionSettings()
+
+    @field_validator("host")
+    @classmethod
+    def _loopback_only(cls, value: str) -> str:
+        # SECURITY: the daemon's tokens are the only thing between a LAN peer and the user's tools.
+        if value != LOOPBACK_HOST:
+            raise ValueError(f"sidecar binds {LOOPBACK_HOST} only; refusing to listen on {value!r}")
+        return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for origin in value:
+            parse_origin(origin)
+        return value
+
+    def origin_tuples(self) -> frozenset[Origin]:
+        return frozenset(parse_origin(o) for o in self.allowed_origins)
+
+
+def parse_origin(text: str) -> Origin:
+    """Parse ``scheme://host[:port]`` into the tuple the guard compares; raise ``ValueError`` otherwise."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not an origin: {text!r}") from exc
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(f"not an origin (want http(s)://host[:port]): {text!r}")
+    if parts.path or parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"an origin has no path, query, fragment or user: {text!r}")
+    return (parts.scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[parts.scheme])
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """``SIDECAR_PORT`` and ``SIDECAR_ALLOWED_ORIGINS`` (comma separated) are the env-level settings."""
+    found: dict[str, Any] = {}
+    if "SIDECAR_PORT" in env:
+        found["port"] = env["SIDECAR_PORT"]
+    if "SIDECAR_ALLOWED_ORIGINS" in env:
+        found["allowed_origins"] = tuple(o for o in env["SIDECAR_ALLOWED_ORIGINS"].split(",") if o.strip())
+    return found
+
+
+def load_settings(
+    settings_file: Path | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Build ``Settings`` from file, env and flags; raise ``ConfigError`` naming the file and field."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if settings_file is not None and settings_file.exists():
+        source = str(settings_file)
+        try:
+            data = tomllib.loads(settings_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"{settings_file}: cannot read settings: {exc}") from exc
+    data = _deep_merge(data, _from_env(os.environ if env is None else env))
+    data = _deep_merge(data, {k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{source}: invalid settings: {problems}") from exc
+
+
+def check_bind_host(host: str) -> None:
+    """Refuse any bind address but loopback, with a clear message (used by ``serve --host``)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if host != LOOPBACK_HOST:
+        hint = " (a loopback address, but sidecar uses 127.0.0.1 only)" if ip and ip.is_loopback else ""
+        raise ConfigError(f"refusing to bind {host!r}{hint}: sidecar listens on {LOOPBACK_HOST} only")
+

@@ -1,0 +1,151 @@
+"""The control API (``/control/...``, bearer = the control token from runtime.json).
+
+This is how the CLI and a desktop host drive the daemon: status, stop, sessions and routes. The
+README documents every route. Bodies are small JSON objects validated with pydantic (unknown fields
+are refused, so a typo is an error, not a silently ignored option).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, TypeVar
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sidecar import __version__
+from sidecar.appkeys import AUDIT, ROUTES, RUNTIME, SESSIONS, SETTINGS
+from sidecar.auth.routes import PROXY_ROUTE
+from sidecar.errors import RequestRejected
+from sidecar.http import json_response
+from sidecar.net.body import read_body
+
+__all__ = ["add_control_routes"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_B = TypeVar("_B", bound=_Body)
+
+
+class NewSession(_Body):
+    project: str = "default"
+    workspace: str
+    mode: str = "default"
+    allow: list[str] = Field(default_factory=lambda: ["*"], max_length=256)
+    network: bool = True
+    ttl: int | None = None
+
+
+class SessionChange(_Body):
+    mode: str | None = None
+    allow: list[str] | None = Field(default=None, max_length=256)
+    network: bool | None = None
+
+
+async def _parse(request: web.Request, model: type[_B]) -> _B:
+    body = await read_body(request, request.app[SETTINGS].limits)
+    try:
+        return model.model_validate(json.loads(body or b"{}"))
+    except (ValueError, RecursionError) as exc:
+        if isinstance(exc, ValidationError):
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+            raise RequestRejected(problems) from None
+        raise RequestRejected("body is not valid JSON") from None
+
+
+def _url(request: web.Request) -> str:
+    return f"http://127.0.0.1:{request.app[RUNTIME].port}/mcp"
+
+
+async def status(request: web.Request) -> web.Response:
+    app = request.app
+    runtime = app[RUNTIME]
+    sessions = app[SESSIONS].list()
+    return json_response(
+        {
+            "version": __version__,
+            "pid": runtime.pid,
+            "url": _url(request),
+            "started_at": runtime.started_at,
+            "uptime_seconds": round(time.time() - runtime.started_at, 1),
+            "sessions": len(sessions),
+            "routes": [r.name for r in app[ROUTES].list()],
+            "connectors": [],
+            "storage": {"credentials": "none stored yet", "insecure": False},
+        }
+    )
+
+
+async def stop(request: web.Request) -> web.Response:
+    request.app[RUNTIME].request_stop()
+    return json_response({"stopping": True}, status=202)
+
+
+async def create_session(request: web.Request) -> web.Response:
+    spec = await _parse(request, NewSession)
+    app = request.app
+    session, envelope = app[SESSIONS].create(
+        project_id=spec.project, workspace=spec.workspace, mode=spec.mode, allow=spec.allow,
+        network=spec.network, ttl=spec.ttl,
+    )
+    route = app[ROUTES].get(PROXY_ROUTE)
+    if route is None:
+        raise RequestRejected("the MCP route is not registered (daemon stopping?)")
+    payload: dict[str, Any] = {
+        "session_id": session.id,
+        "url": _url(request),
+        "headers": {"Authorization": f"Bearer {route.token}", "X-Sidecar-Context": envelope},
+        "expires_at": session.expires_at,
+        "session": session.public(),
+    }
+    return json_response(payload, status=201, headers={"Cache-Control": "no-store"})
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    return json_response({"sessions": [s.public() for s in request.app[SESSIONS].list()]})
+
+
+async def get_session(request: web.Request) -> web.Response:
+    return json_response(request.app[SESSIONS].get(request.match_info["session_id"]).public())
+
+
+async def change_session(request: web.Request) -> web.Response:
+    change = await _parse(request, SessionChange)
+    session = request.app[SESSIONS].update(
+        request.match_info["session_id"], mode=change.mode, allow=change.allow, network=change.network
+    )
+    return json_response(session.public())
+
+
+async def end_session(request: web.Request) -> web.Response:
+    aborted = request.app[SESSIONS].end(request.match_info["session_id"])
+    return json_response({"ended": True, "aborted": aborted})
+
+
+async def list_routes(request: web.Request) -> web.Response:
+    routes = [{"name": r.name, "path": r.path, "minted_at": r.minted_at} for r in request.app[ROUTES].list()]
+    return json_response({"routes": routes})
+
+
+async def rotate_route(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    request.app[ROUTES].rotate(name)
+    request.app[AUDIT].append("token.rotate", route=name)
+    return json_response({"rotated": name})
+
+
+def add_control_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/control/status", status)
+    r.add_post("/control/stop", stop)
+    r.add_get("/control/sessions", list_sessions)
+    r.add_post("/control/sessions", create_session)
+    r.add_get("/control/sessions/{session_id}", get_session)
+    r.add_patch("/control/sessions/{session_id}", change_session)
+    r.add_delete("/control/sessions/{session_id}", end_session)
+    r.add_get("/control/routes", list_routes)
+    r.add_post("/control/routes/{name}/rotate", rotate_route)

@@ -1,0 +1,148 @@
+"""Process lifecycle: one daemon per home, bind 127.0.0.1, write runtime.json, stop gracefully.
+
+Single instance: an exclusive ``flock`` on ``<state>/daemon.lock`` is held for the daemon's life. A
+second daemon cannot take it and refuses to start, naming the first; when the holder dies the kernel
+releases the lock, so a stale ``runtime.json`` (dead pid) is simply replaced.
+
+``runtime.json`` (0600) is written only after the socket listens, and removed on stop. SIGINT and
+SIGTERM (or ``POST /control/stop``) stop the daemon: routes are revoked (in-flight requests abort),
+then the server closes, all within ``shutdown_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from aiohttp import web
+
+from sidecar import __version__
+from sidecar.app import build_app
+from sidecar.appkeys import Runtime
+from sidecar.auth.encoding import mint_token, token_digest
+from sidecar.bus.registry import ToolRegistry
+from sidecar.config import LOOPBACK_HOST, Settings
+from sidecar.errors import Conflict, StorageError
+from sidecar.paths import Paths
+from sidecar.store.files import ensure_private_dir, read_json, remove_quietly, write_json
+
+__all__ = ["read_runtime", "serve"]
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _single_instance(paths: Paths) -> Iterator[IO[bytes]]:
+    ensure_private_dir(paths.state)
+    fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    handle = os.fdopen(fd, "r+b")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            running = read_runtime(paths)
+            where = f" (pid {running['pid']}, {running['url']})" if running else ""
+            raise Conflict(f"a sidecar daemon is already running for {paths.state.parent}{where}") from None
+        yield handle
+    finally:
+        handle.close()
+
+
+def read_runtime(paths: Paths) -> dict[str, Any] | None:
+    """The running daemon's runtime.json, or None if there is none or its pid is dead."""
+    try:
+        data = read_json(paths.runtime_file)
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
+        raise StorageError(f"{paths.runtime_file} is not a sidecar runtime file")
+    try:
+        os.kill(data["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return data
+
+
+def _listening_port(runner: web.AppRunner) -> int:
+    server = runner.server
+    for site in runner.sites:
+        sock_server = getattr(site, "_server", None)
+        for sock in getattr(sock_server, "sockets", ()) or ():
+            if sock.family == socket.AF_INET:
+                return int(sock.getsockname()[1])
+    raise RuntimeError(f"no listening socket on {server}")
+
+
+async def serve(
+    settings: Settings,
+    paths: Paths,
+    *,
+    registry: ToolRegistry | None = None,
+    ready: asyncio.Event | None = None,
+) -> int:
+    """Run the daemon until a signal or a stop request; return the exit code."""
+    with _single_instance(paths):
+        ensure_private_dir(paths.config)
+        ensure_private_dir(paths.data)
+        control_token = mint_token()
+        runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))
+        app = build_app(settings, paths, runtime, registry=registry)
+        limits = settings.limits
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=settings.shutdown_timeout,
+            max_line_size=limits.max_header_bytes,
+            max_field_size=limits.max_header_bytes,
+            max_headers=limits.max_headers,
+        )
+        await runner.setup()
+        loop = asyncio.get_running_loop()
+        try:
+            site = web.TCPSite(runner, LOOPBACK_HOST, settings.port, reuse_address=True)
+            await site.start()
+            runtime.port = _listening_port(runner)
+            url = f"http://{LOOPBACK_HOST}:{runtime.port}"
+            write_json(
+                paths.runtime_file,
+                {
+                    "pid": runtime.pid,
+                    "url": url,
+                    "port": runtime.port,
+                    "control_token": control_token,
+                    "started_at": runtime.started_at,
+                    "version": __version__,
+                },
+            )
+            logger.info("sidecar %s listening on %s/mcp", __version__, url)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, runtime.request_stop)
+            if ready is not None:
+                ready.set()
+            await runtime.stop_event.wait()
+            logger.info("stopping")
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+            remove_quietly(paths.runtime_file)
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(runner.cleanup(), settings.shutdown_timeout + 5)
+            except TimeoutError:
+                logger.warning("shutdown took longer than %.0fs; exiting anyway", settings.shutdown_timeout + 5)
+            logger.info("stopped in %.2fs", time.monotonic() - started)
+    return 0
+
+

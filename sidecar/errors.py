@@ -1,0 +1,132 @@
+"""The one error tree of sidecar. Each edge (HTTP, JSON-RPC, tool results, CLI) maps it in one place.
+
+::
+
+    SidecarError                      status  code
+    ├── ConfigError                     500   config_error        bad settings or manifest (names file/field)
+    ├── StorageError                    500   storage_error       a file is unsafe or unreadable
+    ├── RequestRejected                 400   bad_request         the request itself is malformed
+    │   ├── BodyTooLarge                413   body_too_large
+    │   ├── BodyTooDeep                 400   body_too_deep
+    │   ├── ReadTimedOut                408   read_timeout
+    │   └── UnsupportedMediaType        415   unsupported_media_type
+    ├── Forbidden                       403   forbidden           network guard, envelope, policy
+    │   ├── HostRejected                403   host_not_allowed
+    │   ├── OriginRejected              403   origin_not_allowed
+    │   ├── FetchSiteRejected           403   cross_site_request
+    │   └── EnvelopeRejected            403   invalid_session
+    ├── Unauthorized                    401   unauthorized        missing or wrong bearer token
+    ├── NotFound                        404   not_found
+    ├── Conflict                        409   conflict            e.g. a second daemon on one home
+    └── ToolError                       --    tool_error          becomes an MCP result with isError
+
+No module here imports aiohttp: the mapping to responses lives at the edges (``sidecar/http.py``).
+Messages are safe to show to the client: they never carry a secret, a path outside the user's own
+files, or a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "BodyTooDeep",
+    "BodyTooLarge",
+    "ConfigError",
+    "Conflict",
+    "EnvelopeRejected",
+    "FetchSiteRejected",
+    "Forbidden",
+    "HostRejected",
+    "NotFound",
+    "OriginRejected",
+    "ReadTimedOut",
+    "RequestRejected",
+    "SidecarError",
+    "StorageError",
+    "ToolError",
+    "Unauthorized",
+    "UnsupportedMediaType",
+]
+
+
+class SidecarError(Exception):
+    """Base of every error sidecar raises on purpose. ``str(err)`` is safe to show to a client."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+
+
+class ConfigError(SidecarError):
+    code = "config_error"
+
+
+class StorageError(SidecarError):
+    code = "storage_error"
+
+
+class RequestRejected(SidecarError):
+    status = 400
+    code = "bad_request"
+
+
+class BodyTooLarge(RequestRejected):
+    status = 413
+    code = "body_too_large"
+
+
+class BodyTooDeep(RequestRejected):
+    code = "body_too_deep"
+
+
+class ReadTimedOut(RequestRejected):
+    status = 408
+    code = "read_timeout"
+
+
+class UnsupportedMediaType(RequestRejected):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class Forbidden(SidecarError):
+    status = 403
+    code = "forbidden"
+
+
+class HostRejected(Forbidden):
+    code = "host_not_allowed"
+
+
+class OriginRejected(Forbidden):
+    code = "origin_not_allowed"
+
+
+class FetchSiteRejected(Forbidden):
+    code = "cross_site_request"
+
+
+class EnvelopeRejected(Forbidden):
+    code = "invalid_session"
+
+
+class Unauthorized(SidecarError):
+    status = 401
+    code = "unauthorized"
+
+
+class NotFound(SidecarError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(SidecarError):
+    status = 409
+    code = "conflict"
+
+
+class ToolError(SidecarError):
+    """A tool call failed; the message becomes the text of an ``isError`` tool result."""
+
+    status = 400
+    code = "tool_error"

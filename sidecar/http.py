@@ -1,0 +1,66 @@
+"""The HTTP edge's error mapping: every ``SidecarError`` becomes one JSON body with its status.
+
+Routes under ``/mcp`` answer in JSON-RPC shape (``{"jsonrpc","id":null,"error":{code,message}}``) so MCP
+clients show the message; every other route answers ``{"error": {"code", "message"}}``. Anything that is
+not a ``SidecarError`` is logged with its traceback here and answered with a bare 500: internals never
+reach the client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+
+from sidecar.errors import SidecarError, Unauthorized
+
+__all__ = ["error_middleware", "error_response", "json_response"]
+
+logger = logging.getLogger(__name__)
+
+# JSON-RPC code per HTTP status for MCP-shaped errors (MCP has no registry of its own for these).
+_JSONRPC_CODES = {400: -32600, 401: -32001, 403: -32003, 404: -32004, 408: -32000, 413: -32600, 415: -32600}
+
+
+def json_response(payload: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return web.Response(
+        text=body, status=status, content_type="application/json", charset="utf-8", headers=headers
+    )
+
+
+def error_response(path: str, err: SidecarError) -> web.Response:
+    """The one place a ``SidecarError`` turns into an HTTP response."""
+    headers = {"Cache-Control": "no-store"}
+    if isinstance(err, Unauthorized):
+        # RFC 6750 §3: tell the client which scheme to use, nothing more.
+        headers["WWW-Authenticate"] = 'Bearer realm="sidecar"'
+    message = str(err) or err.code
+    if path == "/mcp" or path.startswith("/mcp/"):
+        body: dict[str, object] = {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": _JSONRPC_CODES.get(err.status, -32603), "message": message, "data": err.code},
+        }
+    else:
+        body = {"error": {"code": err.code, "message": message}}
+    return json_response(body, status=err.status, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    """Outermost middleware: render our errors, hide everything else behind a bare 500."""
+    try:
+        return await handler(request)
+    except SidecarError as err:
+        return error_response(request.path, err)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            reason = exc.reason or "error"
+            code = reason.lower().replace(" ", "_")
+            return json_response({"error": {"code": code, "message": reason}}, status=exc.status)
+        raise
+    except Exception:
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response({"error": {"code": "internal_error", "message": "internal error"}}, status=500)

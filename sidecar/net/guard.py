@@ -1,0 +1,94 @@
+"""The network guard middleware (SPEC §3): a thin aiohttp adapter over the checks in ``hostcheck``.
+
+It must run before anything else looks at the request, and it reads only what the client actually
+sent: ``request.raw_path`` (the request target verbatim, as the C and pure-Python parsers keep it in
+``RawRequestMessage.path``) and ``request.headers.getall(...)``. It never uses ``request.host`` or
+``request.url``: for an absolute-form target both come from the target, not from ``Host``, and with no
+``Host`` at all ``request.host`` falls back to the socket address (verified with aiohttp 3.14.5).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler, Middleware
+from multidict import CIMultiDict
+
+from sidecar.config import Origin
+from sidecar.errors import SidecarError
+from sidecar.http import error_response
+from sidecar.net.hostcheck import check_fetch_site, check_host, check_origin, check_target
+
+__all__ = ["make_guard_middleware"]
+
+logger = logging.getLogger(__name__)
+
+_SEC_FETCH_SITE = "Sec-Fetch-Site"
+
+
+def make_guard_middleware(
+    *,
+    port: Callable[[], int],
+    allowed_origins: frozenset[Origin],
+    fetch_site_exempt: Callable[[str], bool] = lambda path: False,
+) -> Middleware:
+    """Build the guard: target → Host → Origin → Sec-Fetch-Site, first failure answers, handler untouched.
+
+    ``port`` returns the listening port (known only after bind; it is called per request).
+    ``allowed_origins`` are exact (scheme, host, port) tuples. ``fetch_site_exempt(path)`` is true for the
+    few paths a cross-site browser navigation must reach (the OAuth callback page); it relaxes only the
+    ``Sec-Fetch-Site`` check, never Host or Origin. A refusal is a JSON error from ``error_response`` and
+    one WARNING line naming the offending value; every response gets ``Vary: Origin`` unless the handler
+    already sent its headers (a streaming response). No CORS header is ever added.
+    """
+
+    @web.middleware
+    async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            _check_request(request, port=port(), allowed_origins=allowed_origins, exempt=fetch_site_exempt)
+        except SidecarError as err:
+            # One line, the value repr'd and cut by hostcheck; headers and query strings are never logged.
+            logger.warning("guard refused %s %s: %s", request.method, _short(request.path), err)
+            response: web.StreamResponse = error_response(request.path, err)
+        else:
+            response = await handler(request)
+        if not response.prepared:
+            _add_vary_origin(response.headers)
+        return response
+
+    return guard_middleware
+
+
+def _check_request(
+    request: web.Request, *, port: int, allowed_origins: frozenset[Origin], exempt: Callable[[str], bool]
+) -> None:
+    """Run the four checks in order on the raw target and raw header values."""
+    # SECURITY: raw_path is the verbatim request target; request.path/url/host are derived from an
+    # absolute-form target and would hide "GET http://evil/x".
+    check_target(request.raw_path)
+    # SECURITY: every raw Host value, never request.host (socket-address fallback when Host is absent).
+    check_host(request.headers.getall(hdrs.HOST, []), port=port)
+    # SECURITY: Origin is checked even on requests that carry a valid bearer token (unlike Jupyter).
+    check_origin(request.headers.getall(hdrs.ORIGIN, []), allowed=allowed_origins)
+    # The target is origin-form by now, so request.path is the path the router will match.
+    if not exempt(request.path):
+        check_fetch_site(request.headers.getall(_SEC_FETCH_SITE, []))
+
+
+def _add_vary_origin(headers: CIMultiDict[str]) -> None:
+    """Add ``Origin`` to ``Vary``: the answer depends on it (MCP security best practices checklist)."""
+    current = headers.get(hdrs.VARY)
+    if current is None:
+        headers[hdrs.VARY] = "Origin"
+        return
+    tokens = {token.strip().lower() for token in current.split(",")}
+    if "origin" not in tokens and "*" not in tokens:
+        headers[hdrs.VARY] = f"{current}, Origin"
+
+
+def _short(path: str) -> str:
+    """``repr(path)`` cut to 100 characters for the log line."""
+    text = repr(path)
+    return text if len(text) <= 100 else text[:97] + "..."

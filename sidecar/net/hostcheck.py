@@ -1,0 +1,202 @@
+"""Pure request-guard checks (SPEC §3): the request target, ``Host``, ``Origin`` and ``Sec-Fetch-Site``.
+
+Each check takes plain values (the raw request target, or every raw value of one header, as sent) and
+either returns ``None`` or raises the matching ``sidecar.errors`` class. No aiohttp here: ``guard.py``
+adapts these to a middleware. Messages are shown to the client and logged, so they carry only the
+offending value (``repr``, at most 100 characters, query string dropped) and the remedy, never a secret.
+
+The parsers are strict and hand-written on purpose: prefix matches and lenient URL parsers are how
+loopback guards get bypassed (Jupyter GHSA-24qx-w28j-9m6p, the SDK's ``host:*`` rule, the ``user@host``
+trick of ``urlsplit("//" + host)``; see notes/security.md §0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from sidecar.config import Origin
+from sidecar.errors import FetchSiteRejected, HostRejected, OriginRejected
+
+__all__ = ["check_fetch_site", "check_host", "check_origin", "check_target"]
+
+_SHOW_MAX: Final = 100
+"""Longest rendering (characters) of a client-supplied value in a message or log line."""
+
+_LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "[::1]")
+"""The only host names a client may put in ``Host`` (compared case-insensitively, with the port)."""
+
+_HOST_CHARS: Final = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:[]")
+_REG_NAME_CHARS: Final = frozenset("0123456789abcdefghijklmnopqrstuvwxyz.-_~")
+_IPV6_CHARS: Final = frozenset("0123456789abcdef:.")
+_DIGITS: Final = frozenset("0123456789")
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_MAX_PORT: Final = 65535
+
+_FETCH_SITE_ALLOWED: Final = frozenset({"same-origin", "none"})
+"""``Sec-Fetch-Site`` values that pass. Anything else — ``cross-site``, ``same-site``, an unknown or empty
+value — is refused: deny by default, as Go's ``CrossOriginProtection`` does."""
+
+
+def _show(value: str) -> str:
+    """``repr(value)`` cut to ``_SHOW_MAX`` characters: safe for one log line and a client message."""
+    text = repr(value)
+    return text if len(text) <= _SHOW_MAX else text[: _SHOW_MAX - 3] + "..."
+
+
+# --- Host ------------------------------------------------------------------------------------------
+
+
+def check_host(values: Sequence[str], *, port: int) -> None:
+    """Accept exactly one ``Host`` value equal to ``127.0.0.1:<port>``, ``localhost:<port>`` or
+    ``[::1]:<port>`` (ASCII case-insensitive), where ``port`` is the listening port; else ``HostRejected``.
+
+    ``values`` are all raw ``Host`` header values of the request. ``ValueError`` if ``port`` is not a
+    TCP port (a programming error, never the client's).
+    """
+    if not 0 < port <= _MAX_PORT:
+        raise ValueError(f"listening port out of range: {port}")
+    remedy = (
+        f"connect to http://127.0.0.1:{port}/ "
+        f"(Host must be 127.0.0.1:{port}, localhost:{port} or [::1]:{port})"
+    )
+    if not values:
+        # SECURITY: aiohttp accepts an HTTP/1.0 request without Host and request.host then falls back
+        # to the socket address, so "absent" must be refused here.
+        raise HostRejected(f"missing Host header; {remedy}")
+    if len(values) > 1:
+        raise HostRejected(f"{len(values)} Host headers; send exactly one; {remedy}")
+    value = values[0]
+    # SECURITY: acceptance is exact equality with one of three strings, nothing else. isascii() first,
+    # because str.lower() maps some non-ASCII letters onto ASCII ones (e.g. KELVIN SIGN -> "k").
+    if value.isascii() and value.lower() in {f"{name}:{port}" for name in _LOOPBACK_NAMES}:
+        return
+    raise HostRejected(f"Host {_show(value)} refused: {_host_problem(value, port)}; {remedy}")
+
+
+def _host_problem(value: str, port: int) -> str:
+    """Say why ``value`` is not an accepted Host. Only picks the message: acceptance is decided above."""
+    if not value:
+        return "empty"
+    if not value.isascii() or not set(value) <= _HOST_CHARS:
+        return "characters outside a loopback host:port (userinfo, space, comma, path...)"
+    name, port_text = _split_host_port(value)
+    if name.lower() not in _LOOPBACK_NAMES:
+        return "not a loopback name"
+    if port_text is None:
+        return "no port"
+    if port_text != str(port):
+        return "wrong port"
+    return "not an accepted form"
+
+
+def _split_host_port(value: str) -> tuple[str, str | None]:
+    """Split ``name[:port]`` or ``[v6][:port]`` without any URL parser; the port is ``None`` if absent."""
+    if value.startswith("["):
+        end = value.find("]")
+        if end == -1:
+            return value, None
+        name, rest = value[: end + 1], value[end + 1 :]
+        return (name, rest[1:]) if rest.startswith(":") else (value if rest else name, None)
+    name, sep, port_text = value.partition(":")
+    return (name, port_text) if sep else (name, None)
+
+
+# --- Origin ----------------------------------------------------------------------------------------
+
+
+def check_origin(values: Sequence[str], *, allowed: frozenset[Origin]) -> None:
+    """Accept a request with no ``Origin``, or exactly one whose (scheme, host, port) is in ``allowed``.
+
+    ``allowed`` holds tuples as made by ``sidecar.config.parse_origin`` (lower-case host, IPv6 without
+    brackets, default port filled in). More than one value, ``null``, empty, unparsable, or any origin not
+    exactly in ``allowed`` raises ``OriginRejected``. Never raises anything else, whatever the input.
+    """
+    if not values:
+        return  # CLI and SDK clients send no Origin; browsers always do on the requests that matter.
+    remedy = "add it to allowed_origins (scheme://host[:port]) if this web page may call sidecar"
+    if len(values) > 1:
+        raise OriginRejected(f"{len(values)} Origin headers; a browser sends exactly one")
+    value = values[0]
+    if value.strip().lower() == "null":
+        # SECURITY: "null" is the opaque origin of sandboxed frames, file:// pages and cross-origin
+        # redirects: it identifies no one, so it can never be allowed.
+        raise OriginRejected("Origin 'null' (an opaque origin) is never allowed")
+    origin = _parse_origin(value)
+    if origin is None:
+        raise OriginRejected(f"Origin {_show(value)} is not scheme://host[:port]")
+    # SECURITY: exact tuple match; never a prefix, suffix or pattern match.
+    if origin not in allowed:
+        raise OriginRejected(f"Origin {_show(value)} is not allowed; {remedy}")
+
+
+def _parse_origin(text: str) -> Origin | None:
+    """Parse an RFC 6454 serialised origin ``scheme "://" host [ ":" port ]``; ``None`` if it is not one.
+
+    Stricter than ``urlsplit`` (which drops tabs and newlines and accepts userinfo): only ASCII, only
+    ``http``/``https``, a reg-name of unreserved characters or a bracketed IPv6 literal, and a port of
+    1-5 digits without a leading zero. Path, query, fragment and userinfo make it unparsable.
+    """
+    if not text.isascii():
+        return None
+    scheme, sep, authority = text.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in _DEFAULT_PORTS:
+        return None
+    host, port_text = _split_host_port(authority)
+    host = host.lower()
+    if host.startswith("[") and host.endswith("]") and len(host) > 2 and set(host[1:-1]) <= _IPV6_CHARS:
+        host = host[1:-1]  # parse_origin() keeps IPv6 hosts without brackets; compare like with like.
+    elif not host or not set(host) <= _REG_NAME_CHARS:
+        return None
+    if port_text is None:
+        return (scheme, host, _DEFAULT_PORTS[scheme])
+    port = _parse_port(port_text)
+    return None if port is None else (scheme, host, port)
+
+
+def _parse_port(text: str) -> int | None:
+    """1-5 ASCII digits, no leading zero, 1..65535; else ``None`` (``int()`` alone takes ``+1``, ``1_0``)."""
+    if not 0 < len(text) <= 5 or not set(text) <= _DIGITS or text.startswith("0"):
+        return None
+    port = int(text)
+    return port if port <= _MAX_PORT else None
+
+
+# --- Sec-Fetch-Site and the request target ---------------------------------------------------------
+
+
+def check_fetch_site(values: Sequence[str]) -> None:
+    """Accept a request with no ``Sec-Fetch-Site``, or whose every value is ``same-origin`` or ``none``.
+
+    ``cross-site`` and ``same-site`` (any case, in any of several values or comma-joined) raise
+    ``FetchSiteRejected``, and so do unknown or empty values: a browser only ever sends the four
+    registered ones (W3C Fetch Metadata §2.1).
+    """
+    for value in values:
+        for item in value.split(","):
+            token = item.strip().lower()
+            if token not in _FETCH_SITE_ALLOWED:
+                # SECURITY: a second CSRF signal beside Origin: browser no-cors GETs (<script>, <img>)
+                # carry no Origin, but they do carry Sec-Fetch-Site.
+                raise FetchSiteRejected(
+                    f"Sec-Fetch-Site {_show(item.strip())} refused: sidecar serves no other site's pages; "
+                    "call it from a local client, not from a web page"
+                )
+
+
+def check_target(raw_target: str) -> None:
+    """Accept only an origin-form request target (``/path?query``, RFC 9112 §3.2.1); else ``HostRejected``.
+
+    Absolute-form (``http://evil/x``), authority-form (``CONNECT host:443``), asterisk-form (``*``) and
+    network-path targets (``//evil/x``) are refused: each names a host other than the checked ``Host``.
+    """
+    # SECURITY: aiohttp takes request.host and request.url from an absolute-form target, not from the
+    # Host header, so a target naming any authority would get past a Host-only check.
+    if raw_target.startswith("/") and not raw_target.startswith("//"):
+        return
+    shown = raw_target.partition("?")[0].partition("#")[0]  # the query may carry an OAuth code
+    raise HostRejected(
+        f"request target {_show(shown)} refused: send the path only (origin-form, e.g. GET /mcp), "
+        "with the host in the Host header"
+    )

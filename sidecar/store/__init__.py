@@ -1,0 +1,1 @@
+"""Everything sidecar keeps on disk: atomic private files, the audit log."""

@@ -1,0 +1,134 @@
+"""All disk writes go through here: atomic, private, and checked on the open descriptor.
+
+Write: temp file in the same directory (``O_EXCL | O_NOFOLLOW``, 0600) → write → fsync → ``os.replace`` →
+fsync the directory. A reader sees the old file or the new one, never a torn one.
+Read: ``O_NOFOLLOW`` open, then ``fstat`` the descriptor: a symlink, a file owned by someone else, or a
+file that group/others may write is refused (``StorageError``) rather than trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from sidecar.errors import StorageError
+
+__all__ = [
+    "append_line",
+    "ensure_private_dir",
+    "read_json",
+    "read_private",
+    "remove_quietly",
+    "write_atomic",
+    "write_json",
+]
+
+_DIR_MODE = 0o700
+_FILE_MODE = 0o600
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) as 0700 if missing; refuse a symlink or someone else's directory."""
+    path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise StorageError(f"{path} is not a plain directory")
+    if info.st_uid != os.getuid():
+        raise StorageError(f"{path} belongs to uid {info.st_uid}, not to this user")
+    if info.st_mode & 0o077:
+        # Our own directory with loose bits (e.g. made by an older tool): tighten, do not trust as is.
+        os.chmod(path, _DIR_MODE)
+    return path
+
+
+def _check_descriptor(fd: int, path: Path) -> os.stat_result:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise StorageError(f"{path} is not a regular file")
+    if info.st_uid != os.getuid():
+        raise StorageError(f"{path} belongs to uid {info.st_uid}, not to this user")
+    if info.st_mode & 0o022:
+        raise StorageError(f"{path} may be written by other users (mode {stat.S_IMODE(info.st_mode):o})")
+    return info
+
+
+def read_private(path: Path, *, max_bytes: int = 16 * 1024 * 1024) -> bytes:
+    """Read a file we own; ``FileNotFoundError`` passes through, anything unsafe raises ``StorageError``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise StorageError(f"{path}: cannot open safely ({exc.strerror})") from exc
+    with os.fdopen(fd, "rb") as handle:
+        info = _check_descriptor(handle.fileno(), path)
+        if info.st_size > max_bytes:
+            raise StorageError(f"{path} is larger than {max_bytes} bytes")
+        return handle.read(max_bytes + 1)
+
+
+def write_atomic(path: Path, data: bytes, *, mode: int = _FILE_MODE) -> None:
+    """Replace ``path`` with ``data`` atomically; the file is created ``mode`` (0600 by default)."""
+    directory = ensure_private_dir(path.parent)
+    tmp = directory / f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)  # umask must not loosen it
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json(path: Path, value: Any) -> None:
+    """``write_atomic`` of pretty, deterministic JSON."""
+    write_atomic(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def read_json(path: Path) -> Any:
+    """``read_private`` + strict JSON (no NaN); a parse failure is a ``StorageError`` naming the file."""
+    raw = read_private(path)
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise StorageError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def append_line(path: Path, line: bytes, *, fsync: bool = False) -> None:
+    """Append one line to a private append-only file (created 0600); checks the descriptor each time."""
+    ensure_private_dir(path.parent)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, _FILE_MODE)
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot open safely ({exc.strerror})") from exc
+    try:
+        _check_descriptor(fd, path)
+        os.write(fd, line if line.endswith(b"\n") else line + b"\n")
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_quietly(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
