@@ -60,9 +60,7 @@ def build_app(
     inflight = InflightTracker()
     audit = AuditLog(paths.audit_file)
     routes = RouteRegistry(inflight, on_event=lambda name, event: _audit_route(audit, name, event))
-    sessions = SessionStore(
-        inflight, default_ttl=settings.sessions.default_ttl, max_ttl=settings.sessions.max_ttl
-    )
+    sessions = SessionStore(inflight, default_ttl=settings.sessions.default_ttl, max_ttl=settings.sessions.max_ttl)
     registry = install_builtins(registry or ToolRegistry())
     tools = ToolService(registry, audit=audit, inflight=inflight)
     hub = ChangeHub()
@@ -151,8 +149,12 @@ class _SessionEvents:
 
     def __call__(self, session: Session, event: str) -> None:
         self._audit.append(
-            f"session.{event}", session=session.id, project=session.project_id, mode=session.mode.value,
-            allow=list(session.allow), network=session.network,
+            f"session.{event}",
+            session=session.id,
+            project=session.project_id,
+            mode=session.mode.value,
+            allow=list(session.allow),
+            network=session.network,
         )
         if event == "updated":
             task = asyncio.get_running_loop().create_task(self._hub.tools_changed(session.id))

@@ -18,7 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from sidecar.errors import ConfigError
 
-__all__ = ["LOOPBACK_HOST", "check_bind_host", "parse_origin", "Limits", "McpSettings", "Origin", "SessionSettings", "Settings", "load_settings"]
+__all__ = [
+    "LOOPBACK_HOST",
+    "Limits",
+    "McpSettings",
+    "Origin",
+    "SessionSettings",
+    "Settings",
+    "check_bind_host",
+    "load_settings",
+    "parse_origin",
+]
 
 LOOPBACK_HOST = "127.0.0.1"
 
@@ -181,4 +191,3 @@ def check_bind_host(host: str) -> None:
     if host != LOOPBACK_HOST:
         hint = " (a loopback address, but sidecar uses 127.0.0.1 only)" if ip and ip.is_loopback else ""
         raise ConfigError(f"refusing to bind {host!r}{hint}: sidecar listens on {LOOPBACK_HOST} only")
-

@@ -89,8 +89,12 @@ async def create_session(request: web.Request) -> web.Response:
     spec = await _parse(request, NewSession)
     app = request.app
     session, envelope = app[SESSIONS].create(
-        project_id=spec.project, workspace=spec.workspace, mode=spec.mode, allow=spec.allow,
-        network=spec.network, ttl=spec.ttl,
+        project_id=spec.project,
+        workspace=spec.workspace,
+        mode=spec.mode,
+        allow=spec.allow,
+        network=spec.network,
+        ttl=spec.ttl,
     )
     route = app[ROUTES].get(PROXY_ROUTE)
     if route is None:

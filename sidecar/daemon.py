@@ -20,7 +20,6 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import IO, Any
 
 from aiohttp import web
@@ -144,5 +143,3 @@ async def serve(
                 logger.warning("shutdown took longer than %.0fs; exiting anyway", settings.shutdown_timeout + 5)
             logger.info("stopped in %.2fs", time.monotonic() - started)
     return 0
-
-

@@ -12,6 +12,7 @@ import json
 import logging
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from sidecar.errors import SidecarError, Unauthorized
 
@@ -25,9 +26,7 @@ _JSONRPC_CODES = {400: -32600, 401: -32001, 403: -32003, 404: -32004, 408: -3200
 
 def json_response(payload: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
-    return web.Response(
-        text=body, status=status, content_type="application/json", charset="utf-8", headers=headers
-    )
+    return web.Response(text=body, status=status, content_type="application/json", charset="utf-8", headers=headers)
 
 
 def error_response(path: str, err: SidecarError) -> web.Response:
@@ -49,7 +48,7 @@ def error_response(path: str, err: SidecarError) -> web.Response:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Outermost middleware: render our errors, hide everything else behind a bare 500."""
     try:
         return await handler(request)

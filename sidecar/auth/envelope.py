@@ -137,9 +137,7 @@ def _claims_problem(claims: SessionClaims) -> str | None:
 
 
 def _canonical_json(claims: SessionClaims) -> bytes:
-    text = json.dumps(
-        asdict(claims), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    )
+    text = json.dumps(asdict(claims), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return text.encode("ascii")
 
 
@@ -160,9 +158,7 @@ def _parse_claims(payload_b64: str) -> SessionClaims:
     """Strictly decode a payload whose MAC has already been verified; raise ``_Malformed``."""
     try:
         raw = b64url_decode(payload_b64)
-        obj = json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_unique_object, parse_constant=_reject_constant
-        )
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_object, parse_constant=_reject_constant)
     # SECURITY: json.loads raises RecursionError (not ValueError) on deep nesting; UnicodeError is a
     # ValueError but named so the intent survives refactoring.
     except (ValueError, UnicodeError, RecursionError, TypeError) as exc:

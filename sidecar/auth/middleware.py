@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from sidecar.auth.encoding import token_digest
 from sidecar.auth.principal import Principal
@@ -53,11 +54,11 @@ def route_for_path(path: str) -> str | None:
 
 def make_auth_middleware(
     *, routes: RouteRegistry, sessions: SessionStore, control_digest: Callable[[], bytes]
-) -> web.Middleware:
+) -> Middleware:
     """Authenticate by path: ``/control`` → control token; token routes → route token + envelope."""
 
     @web.middleware
-    async def auth(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path == "/control" or path.startswith("/control/"):
             _check_control(bearer_token(request), control_digest())

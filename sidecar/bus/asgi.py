@@ -21,8 +21,9 @@ __all__ = ["AsgiApp", "AsgiExchange"]
 
 logger = logging.getLogger(__name__)
 
+Message = MutableMapping[str, Any]
 AsgiApp = Callable[
-    [MutableMapping[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
+    [MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
     Awaitable[None],
 ]
 
@@ -86,14 +87,14 @@ class AsgiExchange:
         scope.update(self._extra)
         return scope
 
-    async def _receive(self) -> dict[str, Any]:
+    async def _receive(self) -> Message:
         if self._body is not None:
             body, self._body = self._body, None
             return {"type": "http.request", "body": body, "more_body": False}
         await self._gone.wait()
         return {"type": "http.disconnect"}
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: Message) -> None:
         if self._gone.is_set():
             return  # the client is gone: drop, as uvicorn does
         kind = message["type"]

@@ -119,7 +119,8 @@ def _call(node: ast.Call) -> Number:
     args = [_eval(arg) for arg in node.args]
     if node.func.id == "factorial" and (len(args) != 1 or not isinstance(args[0], int) or args[0] > 500):
         raise CalcError("factorial takes one integer up to 500")
-    return _bounded(_FUNCTIONS[node.func.id](*args))
+    value: Number = _FUNCTIONS[node.func.id](*args)
+    return _bounded(value)
 
 
 def _power(base: Number, exponent: Number) -> Number:
@@ -127,7 +128,8 @@ def _power(base: Number, exponent: Number) -> Number:
         # SECURITY: refuse before computing; 9**9**9 would otherwise pin a core for minutes.
         if base not in (0, 1, -1) and exponent * max(abs(base).bit_length(), 1) > MAX_INT_BITS:
             raise CalcError("result too large")
-        return base**exponent
+        power: Number = base**exponent
+        return power
     result = math.pow(base, exponent)
     return _bounded(result)
 

@@ -105,7 +105,7 @@ class McpEndpoint:
                 SCOPE_KEY: principal,
                 # SDK session ownership: a transport session opened by one (route token, session) pair
                 # answers 404 to any other (SPEC §4).
-                "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),
+                "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),  # noqa: S106
             },
         )
         keys = (route_key(principal.route), session_key(principal.session_id))

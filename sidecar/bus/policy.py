@@ -45,7 +45,7 @@ _UNKNOWN = Decision(Verdict.DENY, "exists")
 def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
     """``*``, an exact name, or ``mcp__<server>__*`` for a connector's tools."""
     for pattern in patterns:
-        if pattern == "*" or pattern == tool.name:
+        if pattern in {"*", tool.name}:
             return True
         if tool.source != "builtin" and pattern == f"mcp__{tool.server}__*":
             return True

@@ -72,9 +72,7 @@ class RestFacade:
         if request.content_type != "application/json":
             raise UnsupportedMediaType("send Content-Type: application/json")
         arguments = _parse_invoke_body(await read_body(request, self._limits))
-        outcome = await self._tools.call(
-            session, name, arguments, via="rest", abort_keys=(route_key(principal.route),)
-        )
+        outcome = await self._tools.call(session, name, arguments, via="rest", abort_keys=(route_key(principal.route),))
         return json_response(outcome.as_json())
 
     async def openapi(self, request: web.Request) -> web.Response:
@@ -115,9 +113,19 @@ def openapi_document() -> dict[str, Any]:
                 "get": {
                     "summary": "Tools this session may use",
                     "responses": {
-                        "200": {"description": "the tools", "content": {"application/json": {"schema": {
-                            "type": "object", "properties": {"tools": {"type": "array", "items": {
-                                "$ref": "#/components/schemas/Tool"}}}}}}},
+                        "200": {
+                            "description": "the tools",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {
+                                            "tools": {"type": "array", "items": {"$ref": "#/components/schemas/Tool"}}
+                                        },
+                                    }
+                                }
+                            },
+                        },
                         **auth_errors,
                     },
                 }
@@ -126,20 +134,31 @@ def openapi_document() -> dict[str, Any]:
                 "post": {
                     "summary": "Call one tool",
                     "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                        "type": "object", "properties": {"arguments": {"type": "object"}},
-                        "additionalProperties": False}}}},
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {"arguments": {"type": "object"}},
+                                    "additionalProperties": False,
+                                }
+                            }
+                        },
+                    },
                     "responses": {
-                        "200": {"description": "the call's outcome (tool errors have status error)",
-                                "content": {"application/json": {"schema": {
-                                    "$ref": "#/components/schemas/Outcome"}}}},
+                        "200": {
+                            "description": "the call's outcome (tool errors have status error)",
+                            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Outcome"}}},
+                        },
                         "404": {"description": "no such tool", "content": {"application/json": {"schema": error}}},
                         **auth_errors,
                     },
                 }
             },
-            "/api/v1/openapi.json": {"get": {"summary": "This document", "responses": {"200": {
-                "description": "OpenAPI 3.1"}}}},
+            "/api/v1/openapi.json": {
+                "get": {"summary": "This document", "responses": {"200": {"description": "OpenAPI 3.1"}}}
+            },
         },
         "components": {
             "securitySchemes": {
@@ -147,19 +166,42 @@ def openapi_document() -> dict[str, Any]:
                 "sessionContext": {"type": "apiKey", "in": "header", "name": "X-Sidecar-Context"},
             },
             "schemas": {
-                "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                    "code": {"type": "string"}, "message": {"type": "string"}}}}},
-                "Tool": {"type": "object", "required": ["name", "inputSchema", "risk"], "properties": {
-                    "name": {"type": "string"}, "title": {"type": ["string", "null"]},
-                    "description": {"type": "string"}, "inputSchema": {"type": "object"},
-                    "risk": {"enum": ["LOW", "MEDIUM"]}, "requiresConfirmation": {"type": "boolean"},
-                    "toolControlId": {"type": "string"}, "source": {"type": "string"},
-                    "server": {"type": "string"}}},
-                "Outcome": {"type": "object", "required": ["source", "server", "tool", "status", "preview"],
-                            "properties": {
-                    "source": {"type": "string"}, "server": {"type": "string"}, "tool": {"type": "string"},
-                    "status": {"enum": ["ok", "error", "denied", "aborted"]}, "preview": {"type": "string"},
-                    "result": {"type": "object"}}},
+                "Error": {
+                    "type": "object",
+                    "properties": {
+                        "error": {
+                            "type": "object",
+                            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                        }
+                    },
+                },
+                "Tool": {
+                    "type": "object",
+                    "required": ["name", "inputSchema", "risk"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "title": {"type": ["string", "null"]},
+                        "description": {"type": "string"},
+                        "inputSchema": {"type": "object"},
+                        "risk": {"enum": ["LOW", "MEDIUM"]},
+                        "requiresConfirmation": {"type": "boolean"},
+                        "toolControlId": {"type": "string"},
+                        "source": {"type": "string"},
+                        "server": {"type": "string"},
+                    },
+                },
+                "Outcome": {
+                    "type": "object",
+                    "required": ["source", "server", "tool", "status", "preview"],
+                    "properties": {
+                        "source": {"type": "string"},
+                        "server": {"type": "string"},
+                        "tool": {"type": "string"},
+                        "status": {"enum": ["ok", "error", "denied", "aborted"]},
+                        "preview": {"type": "string"},
+                        "result": {"type": "object"},
+                    },
+                },
             },
         },
     }

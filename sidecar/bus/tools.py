@@ -102,7 +102,13 @@ class ToolService:
             outcome = CallOutcome(tool=name, status="denied", text=reason, decision=decision)
             self._record(session, tool, name, arguments, outcome, decision, started, via)
             return outcome
-        outcome = await self._run(session, tool, arguments, decision, abort_keys)
+        try:
+            outcome = await self._run(session, tool, arguments, decision, abort_keys)
+        except asyncio.CancelledError:
+            # The caller went away (client disconnect, revocation): still leave a record of the call.
+            aborted = CallOutcome(tool=name, status="aborted", text="call aborted", decision=decision)
+            self._record(session, tool, name, arguments, aborted, decision, started, via)
+            raise
         self._record(session, tool, name, arguments, outcome, decision, started, via)
         return outcome
 
@@ -115,15 +121,16 @@ class ToolService:
         abort_keys: Iterable[Hashable],
     ) -> CallOutcome:
         def fail(status: str, text: str) -> CallOutcome:
-            return CallOutcome(tool=tool.name, status=status, text=text, decision=decision,
-                               source=tool.source, server=tool.server)
+            return CallOutcome(
+                tool=tool.name, status=status, text=text, decision=decision, source=tool.source, server=tool.server
+            )
 
         args = _clean_arguments(tool, arguments)
         if isinstance(args, str):
             return fail("error", args)
         context = CallContext(session_id=session.id, project_id=session.project_id, workspace=session.workspace)
         task = asyncio.ensure_future(tool.handler(args, context))
-        with self._inflight.track((session_key(session.id), *abort_keys), task.cancel):
+        with self._inflight.track((session_key(session.id), *abort_keys), lambda: _cancel(task)):
             try:
                 output = await task
             except asyncio.CancelledError:
@@ -141,8 +148,15 @@ class ToolService:
         structured = output.structured
         if structured is not None and len(json.dumps(structured, default=str)) > MAX_RESULT_CHARS:
             structured = None
-        return CallOutcome(tool=tool.name, status="ok", text=text, structured=structured,
-                           decision=decision, source=tool.source, server=tool.server)
+        return CallOutcome(
+            tool=tool.name,
+            status="ok",
+            text=text,
+            structured=structured,
+            decision=decision,
+            source=tool.source,
+            server=tool.server,
+        )
 
     def _record(
         self,
@@ -171,6 +185,10 @@ class ToolService:
         except Exception:
             # The audit write failing must not turn into a success the user cannot see: log loudly.
             logger.exception("audit append failed for a call to %s", name)
+
+
+def _cancel(task: asyncio.Future[Any]) -> None:
+    task.cancel()
 
 
 def _current_task_cancelling() -> bool:

@@ -62,8 +62,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
         f"  sessions:   {status['sessions']}\n"
         f"  routes:     {', '.join(status['routes']) or '-'}\n"
         f"  connectors: {len(status['connectors'])}\n"
-        f"  storage:    {status['storage']['credentials']}"
-        + (" (INSECURE)" if status["storage"]["insecure"] else "")
+        f"  storage:    {status['storage']['credentials']}" + (" (INSECURE)" if status["storage"]["insecure"] else "")
     )
     _print(args, status, text)
     return 0
@@ -150,8 +149,10 @@ def cmd_audit(args: argparse.Namespace, paths: Paths) -> int:
     if args.verify:
         report = verify(paths.audit_file)
         data = {"ok": report.ok, "records": report.records, "problems": report.problems}
-        text = f"audit log ok: {report.records} records, chain intact" if report.ok else (
-            f"audit log TAMPERED ({report.records} records):\n  " + "\n  ".join(report.problems)
+        text = (
+            f"audit log ok: {report.records} records, chain intact"
+            if report.ok
+            else (f"audit log TAMPERED ({report.records} records):\n  " + "\n  ".join(report.problems))
         )
         _print(args, data, text)
         return 0 if report.ok else 1
@@ -221,8 +222,7 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--allow", action="append", metavar="PATTERN", help="tool name, mcp__<server>__* or *")
     new.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
     new.add_argument("--ttl", type=int, help="lifetime in seconds")
-    new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"],
-                     default="raw")
+    new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
     with_json(command("list", cmd_session_list, "list live sessions", ssub))
     end = with_json(command("end", cmd_session_end, "end a session and abort its in-flight calls", ssub))
     end.add_argument("session_id")

@@ -56,10 +56,7 @@ def check_host(values: Sequence[str], *, port: int) -> None:
     """
     if not 0 < port <= _MAX_PORT:
         raise ValueError(f"listening port out of range: {port}")
-    remedy = (
-        f"connect to http://127.0.0.1:{port}/ "
-        f"(Host must be 127.0.0.1:{port}, localhost:{port} or [::1]:{port})"
-    )
+    remedy = f"connect to http://127.0.0.1:{port}/ (Host must be 127.0.0.1:{port}, localhost:{port} or [::1]:{port})"
     if not values:
         # SECURITY: aiohttp accepts an HTTP/1.0 request without Host and request.host then falls back
         # to the socket address, so "absent" must be refused here.

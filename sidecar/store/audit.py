@@ -30,24 +30,21 @@ Callers must never pass secrets: record argument *shapes* with ``shape_of``, not
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import re
-import stat
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import Final
 
 from sidecar.errors import StorageError
-from sidecar.store.files import append_line, read_private, write_atomic
+from sidecar.store.files import append_line, open_private, read_private, write_atomic
 
-__all__ = ["RESERVED_KEYS", "AuditLog", "VerifyReport", "shape_of", "verify"]
+__all__ = ["RECOVERED_EVENT", "RESERVED_KEYS", "AuditLog", "VerifyReport", "shape_of", "verify"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +58,7 @@ _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 
 def _canonical(record: dict[str, object]) -> bytes:
-    return json.dumps(
-        record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
-    ).encode("ascii")
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
 def _sha256(data: bytes) -> str:
@@ -101,27 +96,6 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
-@contextlib.contextmanager
-def _open_reader(path: Path) -> Iterator[BinaryIO]:
-    """Open our own log for reading: no symlinks, a regular file, not writable by others."""
-    # SECURITY: same checks as files.read_private, but streaming: the log outgrows read_private's cap.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise StorageError(f"{path}: cannot open safely ({exc.strerror})") from exc
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise StorageError(f"{path} is not a regular file")
-        if info.st_uid != os.getuid():
-            raise StorageError(f"{path} belongs to uid {info.st_uid}, not to this user")
-        if info.st_mode & 0o022:
-            raise StorageError(f"{path} may be written by other users (mode {stat.S_IMODE(info.st_mode):o})")
-        yield handle
-
-
 def _read_head(head_path: Path) -> tuple[int, str] | None:
     """``(seq, hash)`` from the head file; ``None`` if absent. A damaged head is a ``StorageError``."""
     try:
@@ -153,7 +127,7 @@ class _Tail:
 
 def _read_tail(path: Path) -> _Tail:
     """Read backwards from the end until the last complete line is in hand (cheap on a large log)."""
-    with _open_reader(path) as handle:
+    with open_private(path) as handle:
         pos = handle.seek(0, os.SEEK_END)
         buf = b""
         end = start = -1
@@ -178,7 +152,7 @@ def _read_tail(path: Path) -> _Tail:
 def _scan_last_record(path: Path) -> tuple[bytes | None, dict[str, object] | None]:
     """Slow path when the last line is damaged: the last line anywhere that parses as a record."""
     last: tuple[bytes | None, dict[str, object] | None] = (None, None)
-    with _open_reader(path) as handle:
+    with open_private(path) as handle:
         for raw in handle:
             if raw.endswith(b"\n"):
                 record = _parse_record(raw[:-1])
@@ -255,9 +229,7 @@ class AuditLog:
             problems.append(f"record {self._seq} does not match the head (rewritten)")
         if problems:
             reason = "; ".join(problems)
-            logger.warning(
-                "audit log %s was damaged while closed: %s; recording it and continuing", self.path, reason
-            )
+            logger.warning("audit log %s was damaged while closed: %s; recording it and continuing", self.path, reason)
             self.append(RECOVERED_EVENT, reason=reason, head_seq=head[0] if head else None, log_seq=self._seq)
 
     def append(self, event: str, /, **fields: object) -> dict[str, object]:
@@ -281,9 +253,7 @@ class AuditLog:
                 # The canonical dump is the type check too: no NaN, no objects, keys sortable.
                 record["hash"] = _record_hash(record)
             except (TypeError, ValueError) as exc:
-                raise type(exc)(
-                    f"audit fields must be plain JSON (str/int/float/bool/None/list/dict): {exc}"
-                ) from exc
+                raise type(exc)(f"audit fields must be plain JSON (str/int/float/bool/None/list/dict): {exc}") from exc
             line = _canonical(record)
             append_line(self.path, line, fsync=self._fsync)
             self._seq, self._prev, self._last_hash = self._seq + 1, _sha256(line), str(record["hash"])
@@ -344,7 +314,7 @@ def verify(path: Path, *, head_path: Path | None = None) -> VerifyReport:
         head = None
     chain = _Chain(head, problems)
     try:
-        with _open_reader(path) as handle:
+        with open_private(path) as handle:
             for number, raw in enumerate(handle, start=1):
                 chain.check_line(number, raw)
     except FileNotFoundError:
@@ -387,8 +357,7 @@ class _Chain:
                 self.problems.append(f"line {number}: prev is not the start of a chain (records deleted)")
             else:
                 self.problems.append(
-                    f"line {number}: prev does not match line {number - 1} "
-                    "(record deleted, inserted or reordered)"
+                    f"line {number}: prev does not match line {number - 1} (record deleted, inserted or reordered)"
                 )
         if seq != self.last_seq + 1:
             self.problems.append(f"line {number}: seq {seq} expected {self.last_seq + 1}")
@@ -413,9 +382,7 @@ class _Chain:
             if self.records and not head_damaged:
                 self.problems.append("tail: head file missing (truncation cannot be checked)")
         elif self.head[0] > self.last_seq:
-            self.problems.append(
-                f"tail: head says {self.head[0]} records, file has {self.last_seq} (truncated)"
-            )
+            self.problems.append(f"tail: head says {self.head[0]} records, file has {self.last_seq} (truncated)")
         elif self.head[0] > 0 and self.head_record_hash != self.head[1]:
             self.problems.append(f"tail: record {self.head[0]} does not match the head (rewritten)")
 

@@ -12,14 +12,16 @@ import contextlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sidecar.errors import StorageError
 
 __all__ = [
     "append_line",
     "ensure_private_dir",
+    "open_private",
     "read_json",
     "read_private",
     "remove_quietly",
@@ -56,8 +58,9 @@ def _check_descriptor(fd: int, path: Path) -> os.stat_result:
     return info
 
 
-def read_private(path: Path, *, max_bytes: int = 16 * 1024 * 1024) -> bytes:
-    """Read a file we own; ``FileNotFoundError`` passes through, anything unsafe raises ``StorageError``."""
+@contextlib.contextmanager
+def open_private(path: Path) -> Iterator[BinaryIO]:
+    """Open a file we own for reading (streaming); ``FileNotFoundError`` passes through, unsafe raises."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -65,15 +68,29 @@ def read_private(path: Path, *, max_bytes: int = 16 * 1024 * 1024) -> bytes:
             raise
         raise StorageError(f"{path}: cannot open safely ({exc.strerror})") from exc
     with os.fdopen(fd, "rb") as handle:
-        info = _check_descriptor(handle.fileno(), path)
-        if info.st_size > max_bytes:
+        _check_descriptor(handle.fileno(), path)
+        yield handle
+
+
+def read_private(path: Path, *, max_bytes: int = 16 * 1024 * 1024) -> bytes:
+    """Read a whole file we own (``open_private``), refusing one larger than ``max_bytes``."""
+    with open_private(path) as handle:
+        if os.fstat(handle.fileno()).st_size > max_bytes:
             raise StorageError(f"{path} is larger than {max_bytes} bytes")
         return handle.read(max_bytes + 1)
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = _FILE_MODE) -> None:
-    """Replace ``path`` with ``data`` atomically; the file is created ``mode`` (0600 by default)."""
-    directory = ensure_private_dir(path.parent)
+def write_atomic(path: Path, data: bytes, *, mode: int = _FILE_MODE, private_dir: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically; the file is created ``mode`` (0600 by default).
+
+    ``private_dir=False`` is for files that live in someone else's directory layout (a systemd unit
+    in ``~/.config/systemd/user``): the directory is created if missing but its mode is left alone.
+    """
+    if private_dir:
+        directory = ensure_private_dir(path.parent)
+    else:
+        directory = path.parent
+        directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:

@@ -20,8 +20,8 @@ def log_path(tmp_path: Path) -> Path:
     return tmp_path / "state" / "audit.jsonl"
 
 
-def _write(path: Path, count: int, **options: object) -> None:
-    with AuditLog(path, **options) as log:  # type: ignore[arg-type]
+def _write(path: Path, count: int) -> None:
+    with AuditLog(path) as log:
         for i in range(count):
             log.append("tool.call", tool=f"t{i}", decision="allow", duration_ms=i)
 
@@ -400,3 +400,31 @@ def test_any_single_byte_change_is_detected(
     path.write_bytes(bytes(data))
 
     assert not verify(path).ok
+
+
+def test_rewriting_the_last_record_with_a_valid_hash_is_caught_by_the_head(log_path: Path) -> None:
+    _write(log_path, 4)
+    lines = _lines(log_path)
+    forged = json.loads(lines[-1])
+    forged["decision"] = "deny"
+    del forged["hash"]
+    canonical = json.dumps(forged, sort_keys=True, separators=(",", ":")).encode()
+    forged["hash"] = hashlib.sha256(canonical).hexdigest()
+    lines[-1] = json.dumps(forged, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    _set_lines(log_path, lines)
+
+    assert verify(log_path).problems == ["tail: record 4 does not match the head (rewritten)"]
+
+
+def test_a_damaged_head_is_reported_and_replaced_on_reopen(log_path: Path) -> None:
+    _write(log_path, 2)
+    log_path.with_suffix(".head").write_bytes(b"garbage")
+    assert verify(log_path).problems[0].startswith("head: ")
+
+    with AuditLog(log_path) as log:
+        log.append("tool.call")
+
+    records = [json.loads(line) for line in _lines(log_path)]
+    assert records[2]["event"] == "audit.recovered"
+    assert records[2]["reason"].startswith("head unreadable")
+    assert verify(log_path).problems == [f"line 3: log was damaged while closed: {records[2]['reason']}"]

@@ -1,0 +1,266 @@
+"""Shared fixtures: a real daemon on 127.0.0.1:0 (in-process or as a subprocess), MCP clients, raw HTTP.
+
+Every test runs with its own ``SIDECAR_HOME``; every wait is bounded; the autouse ``no_leaked_processes``
+fixture fails a test that leaves a child process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx2
+import psutil
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from sidecar.bus.registry import ToolRegistry
+from sidecar.config import Settings
+from sidecar.daemon import read_runtime, serve
+from sidecar.paths import Paths
+
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 20.0
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Fail the test if it leaves a child process of the test runner alive."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    leaked = [p for p in me.children(recursive=True) if p.pid not in before]
+    alive = []
+    for proc in leaked:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.wait(timeout=5)  # give an exiting child a bounded moment to be reaped
+        if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+            alive.append(proc)
+            proc.kill()
+    assert not alive, f"test left processes behind: {[p.pid for p in alive]}"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "home"
+    monkeypatch.setenv("SIDECAR_HOME", str(root))
+    return root
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "workspace"
+    ws.mkdir()
+    return ws
+
+
+@dataclass
+class Daemon:
+    """A running daemon and the means to drive it as a user would."""
+
+    paths: Paths
+    url: str
+    port: int
+    control_token: str
+    workspace: Path
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.url}/mcp"
+
+    async def control(self, method: str, path: str, body: Any = None, *, expect: int | None = 200) -> Any:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(
+                method,
+                self.url + path,
+                json=body,
+                headers={"Authorization": f"Bearer {self.control_token}"},
+                timeout=aiohttp.ClientTimeout(total=15),
+            ) as response,
+        ):
+            data = await response.json(content_type=None)
+            if expect is not None:
+                assert response.status == expect, data
+            return data
+
+    async def new_session(self, **spec: Any) -> dict[str, Any]:
+        spec.setdefault("workspace", str(self.workspace))
+        return await self.control("POST", "/control/sessions", spec, expect=201)  # type: ignore[no-any-return]
+
+    def audit_bytes(self) -> bytes:
+        try:
+            return self.paths.audit_file.read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def audit_events(self, event: str | None = None) -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in self.audit_bytes().splitlines() if line.strip()]
+        return [r for r in records if event is None or r["event"] == event]
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(
+    paths: Paths, workspace: Path, settings: Settings | None = None, registry: ToolRegistry | None = None
+) -> AsyncIterator[Daemon]:
+    """Run ``serve()`` in this event loop on 127.0.0.1:0 and stop it (bounded) afterwards."""
+    ready = asyncio.Event()
+    task = asyncio.create_task(serve(settings or Settings(), paths, registry=registry, ready=ready))
+    waiter = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait({task, waiter}, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task in done:
+        task.result()
+    assert ready.is_set(), "daemon did not start in time"
+    runtime = read_runtime(paths)
+    assert runtime is not None
+    try:
+        yield Daemon(paths, runtime["url"], runtime["port"], runtime["control_token"], workspace)
+    finally:
+        if not task.done():
+            await _stop_in_process(runtime, task)
+
+
+async def _stop_in_process(runtime: dict[str, Any], task: asyncio.Task[int]) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            runtime["url"] + "/control/stop",
+            headers={"Authorization": f"Bearer {runtime['control_token']}"},
+            timeout=aiohttp.ClientTimeout(total=10),
+        ) as response,
+    ):
+        assert response.status == 202
+    await asyncio.wait_for(task, STOP_TIMEOUT)
+
+
+@pytest.fixture
+async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
+    async with running_daemon(Paths.resolve(), workspace) as d:
+        yield d
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(session: dict[str, Any], *, mode: str = "legacy", **kwargs: Any) -> AsyncIterator[Client]:
+    """The SDK's own client over real HTTP with the session's headers, exactly as a host would use it."""
+    async with (
+        httpx2.AsyncClient(headers=session["headers"], timeout=30) as http,
+        Client(streamable_http_client(session["url"], http_client=http), mode=mode, **kwargs) as client,
+    ):
+        yield client
+
+
+async def raw_request(port: int, request: bytes, *, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    """Send bytes on a fresh TCP connection; return (status, headers, body) of the response."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
+    try:
+        writer.write(request)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        body = _dechunk(body)
+    return status, headers, body
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size_line, _, rest = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        data = rest[size + 2 :]
+    return out
+
+
+@dataclass
+class DaemonProcess:
+    proc: subprocess.Popen[bytes]
+    paths: Paths
+    env: dict[str, str]
+
+    def cli(self, *args: str, timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "sidecar", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check:
+            assert result.returncode == 0, (result.stdout, result.stderr)
+        return result
+
+
+def sidecar_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["SIDECAR_HOME"] = str(home)
+    return env
+
+
+def start_daemon_process(home: Path, *extra: str) -> DaemonProcess:
+    """``python -m sidecar serve --port 0`` as a real subprocess; returns once runtime.json exists."""
+    env = sidecar_env(home)
+    paths = Paths.resolve(env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "serve", "--port", "0", *extra],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    end = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"daemon exited early: {proc.stderr.read().decode() if proc.stderr else ''}")
+        runtime = read_runtime(paths)
+        if runtime is not None and runtime.get("pid") == proc.pid:
+            return DaemonProcess(proc, paths, env)
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait(5)
+    raise AssertionError("daemon did not write runtime.json in time")
+
+
+def stop_daemon_process(daemon: DaemonProcess) -> None:
+    if daemon.proc.poll() is None:
+        daemon.proc.terminate()
+        try:
+            daemon.proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            daemon.proc.kill()
+            daemon.proc.wait(5)
+    if daemon.proc.stderr:
+        daemon.proc.stderr.close()
+
+
+@pytest.fixture
+def daemon_process(home: Path) -> Iterator[DaemonProcess]:
+    d = start_daemon_process(home)
+    try:
+        yield d
+    finally:
+        stop_daemon_process(d)

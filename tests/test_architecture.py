@@ -1,0 +1,93 @@
+"""The house rules that code can check: imports run one way, and only the edges import aiohttp.web."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "sidecar"
+
+# Layer of each module (lower may not import higher). STYLE.md: cli → daemon → app → {net, auth, bus,
+# control} → store → {config, paths, errors}.
+LAYERS = {
+    "sidecar.errors": 0,
+    "sidecar.paths": 0,
+    "sidecar.config": 1,
+    "sidecar.store": 2,
+    "sidecar.http": 3,
+    "sidecar.net": 3,
+    "sidecar.auth": 4,
+    "sidecar.bus": 5,
+    "sidecar.appkeys": 6,
+    "sidecar.control": 7,
+    "sidecar.service": 7,
+    "sidecar.app": 8,
+    "sidecar.daemon": 9,
+    "sidecar.cli": 10,
+    "sidecar": 0,
+    "sidecar.__main__": 11,
+}
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> int:
+    while module:
+        if module in LAYERS:
+            return LAYERS[module]
+        module = module.rpartition(".")[0]
+    raise AssertionError(f"no layer for {module}")
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return [m for m in found if m == "sidecar" or m.startswith("sidecar.")]
+
+
+def test_imports_run_one_way() -> None:
+    problems = []
+    for path in PACKAGE.rglob("*.py"):
+        me = _module(path)
+        for target in _imports(path):
+            if target == "sidecar" and me != "sidecar":
+                continue  # the version string
+            if _layer(target) > _layer(me):
+                problems.append(f"{me} (layer {_layer(me)}) imports {target} (layer {_layer(target)})")
+    assert not problems, "\n".join(problems)
+
+
+def _all_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+    return names
+
+
+def test_pure_modules_import_no_web_framework() -> None:
+    for pure in (
+        "errors.py",
+        "config.py",
+        "net/hostcheck.py",
+        "auth/envelope.py",
+        "auth/sessions.py",
+        "bus/policy.py",
+        "bus/registry.py",
+        "store/audit.py",
+    ):
+        assert "aiohttp" not in _all_imports(PACKAGE / pure), pure
