@@ -31,6 +31,7 @@ from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import LOOPBACK_HOST, Settings
 from sidecar.errors import Conflict, StorageError
+from sidecar.http import JsonErrorRunner
 from sidecar.paths import Paths
 from sidecar.store.files import ensure_private_dir, read_json, remove_quietly, write_json
 
@@ -98,7 +99,7 @@ async def serve(
         runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))
         app = build_app(settings, paths, runtime, registry=registry)
         limits = settings.limits
-        runner = web.AppRunner(
+        runner = JsonErrorRunner(
             app,
             handle_signals=False,
             access_log=None,

@@ -12,11 +12,14 @@ import json
 import logging
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
-from sidecar.errors import SidecarError, Unauthorized
+from sidecar.errors import HostRejected, RequestRejected, SidecarError, Unauthorized
 
-__all__ = ["error_middleware", "error_response", "json_response"]
+__all__ = ["JsonErrorRunner", "error_middleware", "error_response", "json_response"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,3 +66,51 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return json_response({"error": {"code": "internal_error", "message": "internal error"}}, status=500)
+
+
+class _JsonErrorHandler(RequestHandler):  # type: ignore[misc]
+    """aiohttp's connection handler, answering parser-level rejections in our JSON shape.
+
+    aiohttp's HTTP parser rejects some requests before any middleware runs (a duplicated singleton
+    header such as ``Host``, an oversized header line, a malformed request line) and answers them
+    in plain text. SPEC §3 wants a JSON error, and a 403 for a duplicated ``Host``.
+    """
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        plain = super().handle_error(request, status, exc, message)  # logs; raises if output began
+        err: SidecarError
+        if isinstance(exc, BadHttpMessage) and "'host'" in str(exc).lower():
+            err = HostRejected("exactly one Host header is allowed")
+        elif status < 500:
+            # The parser's message may quote header bytes; say what was wrong without echoing them.
+            what = "a header line is too long" if isinstance(exc, LineTooLong) else "malformed HTTP request"
+            response = json_response({"error": {"code": RequestRejected.code, "message": what}}, status=status)
+            response.force_close()
+            return response
+        else:
+            return plain
+        response = error_response("/", err)
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+
+
+class JsonErrorRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections answer parser-level rejections as JSON (see above)."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # The Server is built by Application._make_handler; swapping its class only changes which
+        # RequestHandler it creates per connection.
+        server.__class__ = _JsonErrorServer
+        return server
