@@ -17,7 +17,7 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from sidecar.errors import HostRejected, RequestRejected, SidecarError, Unauthorized
+from sidecar.errors import BodyTooLarge, HostRejected, ReadTimedOut, RequestRejected, SidecarError, Unauthorized
 
 __all__ = ["JsonErrorRunner", "error_middleware", "error_response", "json_response"]
 
@@ -56,7 +56,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except SidecarError as err:
-        return error_response(request.path, err)
+        response = error_response(request.path, err)
+        if isinstance(err, BodyTooLarge | ReadTimedOut):
+            # The body was not read to its end: close instead of draining it (aiohttp would linger).
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status >= 400:
             reason = exc.reason or "error"
