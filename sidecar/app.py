@@ -40,7 +40,7 @@ from sidecar.bus.tools import ToolService
 from sidecar.config import Settings
 from sidecar.control import add_control_routes
 from sidecar.http import error_middleware, json_response
-from sidecar.net.guard import make_guard_middleware
+from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
 
@@ -102,6 +102,7 @@ def build_app(
     async def healthz(request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
 
+    app.on_response_prepare.append(add_vary_origin)
     app.router.add_get("/healthz", healthz)
     app.router.add_route("*", "/mcp", mcp)
     RestFacade(registry=registry, tools=tools, sessions=sessions, limits=settings.limits).add_routes(app)

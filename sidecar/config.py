@@ -146,6 +146,9 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
+_ENV_FIELDS = {"SIDECAR_PORT": "port", "SIDECAR_ALLOWED_ORIGINS": "allowed_origins"}
+
+
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     """``SIDECAR_PORT`` and ``SIDECAR_ALLOWED_ORIGINS`` (comma separated) are the env-level settings."""
     found: dict[str, Any] = {}
@@ -162,24 +165,33 @@ def load_settings(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Build ``Settings`` from file, env and flags; raise ``ConfigError`` naming the file and field."""
+    """Build ``Settings`` from file, env and flags; raise ``ConfigError`` naming where the bad value came from."""
     data: dict[str, Any] = {}
-    source = "defaults"
     if settings_file is not None and settings_file.exists():
-        source = str(settings_file)
         try:
             data = tomllib.loads(settings_file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"{settings_file}: cannot read settings: {exc}") from exc
-    data = _deep_merge(data, _from_env(os.environ if env is None else env))
-    data = _deep_merge(data, {k: v for k, v in (overrides or {}).items() if v is not None})
+    from_env = _from_env(os.environ if env is None else env)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    merged = _deep_merge(_deep_merge(data, from_env), flags)
     try:
-        return Settings.model_validate(data)
+        return Settings.model_validate(merged)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"{source}: invalid settings: {problems}") from exc
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(root)"
+            top = str(err["loc"][0]) if err["loc"] else ""
+            if top in flags:
+                source = f"--{top}"
+            elif top in from_env:
+                source = next(name for name, field in _ENV_FIELDS.items() if field == top)
+            elif settings_file is not None and top in data:
+                source = str(settings_file)
+            else:
+                source = "settings"
+            problems.append(f"{source}: {where}: {err['msg']}")
+        raise ConfigError("invalid settings: " + "; ".join(problems)) from exc
 
 
 def check_bind_host(host: str) -> None:

@@ -115,6 +115,9 @@ async def serve(
             await site.start()
             runtime.port = _listening_port(runner)
             url = f"http://{LOOPBACK_HOST}:{runtime.port}"
+            # Handlers first: once runtime.json exists, a service manager may signal us at any moment.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, runtime.request_stop)
             write_json(
                 paths.runtime_file,
                 {
@@ -127,8 +130,6 @@ async def serve(
                 },
             )
             logger.info("sidecar %s listening on %s/mcp", __version__, url)
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, runtime.request_stop)
             if ready is not None:
                 ready.set()
             await runtime.stop_event.wait()

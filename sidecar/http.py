@@ -87,19 +87,19 @@ class _JsonErrorHandler(RequestHandler):  # type: ignore[misc]
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        plain = super().handle_error(request, status, exc, message)  # logs; raises if output began
-        err: SidecarError
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send the error")
+        # SECURITY: aiohttp's own handler logs the parser error, whose text quotes header bytes (an
+        # oversized "Authorization: Bearer <token> ..." would land in the log). Log the kind only.
+        logger.warning("HTTP parser refused a request from %s: %s", request.remote, type(exc).__name__)
         if isinstance(exc, BadHttpMessage) and "'host'" in str(exc).lower():
-            err = HostRejected("exactly one Host header is allowed")
-        elif status < 500:
-            # The parser's message may quote header bytes; say what was wrong without echoing them.
+            response = error_response("/", HostRejected("exactly one Host header is allowed"))
+        else:
+            # The parser's message may quote header bytes too; say what was wrong without echoing them.
             what = "a header line is too long" if isinstance(exc, LineTooLong) else "malformed HTTP request"
             response = json_response({"error": {"code": RequestRejected.code, "message": what}}, status=status)
-            response.force_close()
-            return response
-        else:
-            return plain
-        response = error_response("/", err)
         response.force_close()
         return response
 

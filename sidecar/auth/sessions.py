@@ -13,6 +13,7 @@ import logging
 import re
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -39,6 +40,8 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _SERVER_PATTERN = re.compile(r"^mcp__([A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*)__\*$")
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
 MAX_PATTERNS = 256
+VERIFIED_CACHE = 4096
+"""Envelopes whose MAC was verified, remembered so a busy client costs one HMAC, not one per request."""
 
 
 def validate_pattern(pattern: str) -> str:
@@ -117,6 +120,7 @@ class SessionStore:
         self._max_ttl = max_ttl
         self._clock = clock
         self._listeners: list[SessionListener] = []
+        self._verified: OrderedDict[str, SessionClaims] = OrderedDict()
 
     def subscribe(self, listener: SessionListener) -> None:
         self._listeners.append(listener)
@@ -169,7 +173,14 @@ class SessionStore:
         if envelope is None:
             raise EnvelopeRejected("missing X-Sidecar-Context")
         now = self._clock()
-        claims = self._keys.verify(envelope, now=int(now))
+        claims = self._verified.get(envelope)
+        if claims is None:
+            claims = self._keys.verify(envelope, now=int(now))
+            # A MAC verdict depends only on the exact string and our keys, so remember it (bounded);
+            # expiry and the session's liveness are still checked on every request below.
+            self._verified[envelope] = claims
+            if len(self._verified) > VERIFIED_CACHE:
+                self._verified.popitem(last=False)
         session = self._sessions.get(claims.session_id)
         if session is None:
             raise EnvelopeRejected("unknown or ended session")

@@ -26,8 +26,9 @@ from sidecar.auth.principal import SCOPE_KEY, Principal
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import session_key
 from sidecar.bus.asgi import AsgiExchange
-from sidecar.bus.mcp import ChangeHub
+from sidecar.bus.mcp import CALLER, ChangeHub
 from sidecar.config import Settings
+from sidecar.errors import UnsupportedMediaType
 from sidecar.net.body import read_body
 
 __all__ = ["McpEndpoint"]
@@ -94,6 +95,9 @@ class McpEndpoint:
     async def handle(self, request: web.Request, principal: Principal) -> web.StreamResponse:
         body = b""
         if request.method == "POST":
+            # The SDK would answer a wrong type with a plain-text 400; answer in our JSON shape instead.
+            if request.content_type != "application/json":
+                raise UnsupportedMediaType("POST /mcp needs Content-Type: application/json")
             body = await read_body(request, self._settings.limits)
         transport_id = request.headers.get("mcp-session-id")
         if request.method == "DELETE" and transport_id:
@@ -109,5 +113,9 @@ class McpEndpoint:
             },
         )
         keys = (route_key(principal.route), session_key(principal.session_id))
-        with self._inflight.track(keys, exchange.abort):
-            return await exchange.run(self._manager.handle_request)
+        token = CALLER.set(principal)
+        try:
+            with self._inflight.track(keys, exchange.abort):
+                return await exchange.run(self._manager.handle_request)
+        finally:
+            CALLER.reset(token)

@@ -15,6 +15,7 @@ import hashlib
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any, Final
 
 from mcp import types
@@ -31,7 +32,7 @@ from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.registry import Risk, ToolDef
 from sidecar.bus.tools import ToolService
 
-__all__ = ["ChangeHub", "build_mcp_server", "tool_control_id"]
+__all__ = ["CALLER", "ChangeHub", "build_mcp_server", "tool_control_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,10 @@ def tool_control_id(tool: ToolDef) -> str:
     """A stable id for host UIs: the same tool from the same source always gets the same id."""
     digest = hashlib.sha256(f"{tool.source}\x00{tool.server}\x00{tool.name}".encode()).hexdigest()
     return f"tc_{digest[:20]}"
+
+
+CALLER: ContextVar[Principal | None] = ContextVar("sidecar_mcp_caller", default=None)
+"""The caller of the request being handled, set by the endpoint for the SDK callbacks that get no ctx."""
 
 
 def _principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
@@ -184,6 +189,14 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
                 hub.remember(_principal(ctx).session_id, transport_id, ctx.session)
         return await call_next(ctx)
 
+    def input_schema(name: str) -> dict[str, Any] | None:
+        # The SDK checks 2026-07-28 Mcp-Param-* headers against the called tool's schema; without this
+        # it would run a whole tools/list per call. Only a tool this caller may see has a schema.
+        principal = CALLER.get()
+        session = sessions.alive(principal.session_id) if principal is not None else None
+        tool = tools.lookup(session, name) if session is not None else None
+        return dict(tool.input_schema) if tool is not None else None
+
     server = _SidecarServer(
         "sidecar",
         version=__version__,
@@ -191,6 +204,7 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
         on_subscriptions_listen=hub.listen,
+        get_tool_input_schema=input_schema,
     )
     # The SDK's default OpenTelemetry middleware costs ~11 µs a call and exports nothing here.
     server.middleware = [remember_clients]

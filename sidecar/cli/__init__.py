@@ -215,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
 
     session = sub.add_parser("session", help="create, list, change and end agent sessions")
     ssub = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
-    new = command("new", cmd_session_new, "create a session and print a client configuration", ssub)
+    new = with_json(command("new", cmd_session_new, "create a session and print a client configuration", ssub))
     new.add_argument("--project", default="default")
     new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
     new.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")

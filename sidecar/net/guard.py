@@ -21,7 +21,7 @@ from sidecar.errors import SidecarError
 from sidecar.http import error_response
 from sidecar.net.hostcheck import check_fetch_site, check_host, check_origin, check_target
 
-__all__ = ["make_guard_middleware"]
+__all__ = ["add_vary_origin", "make_guard_middleware"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ def make_guard_middleware(
     ``allowed_origins`` are exact (scheme, host, port) tuples. ``fetch_site_exempt(path)`` is true for the
     few paths a cross-site browser navigation must reach (the OAuth callback page); it relaxes only the
     ``Sec-Fetch-Site`` check, never Host or Origin. A refusal is a JSON error from ``error_response`` and
-    one WARNING line naming the offending value; every response gets ``Vary: Origin`` unless the handler
-    already sent its headers (a streaming response). No CORS header is ever added.
+    one WARNING line naming the offending value. No CORS header is ever added; ``add_vary_origin`` (an
+    ``on_response_prepare`` hook) marks every response as varying on ``Origin``.
     """
 
     @web.middleware
@@ -51,12 +51,8 @@ def make_guard_middleware(
         except SidecarError as err:
             # One line, the value repr'd and cut by hostcheck; headers and query strings are never logged.
             logger.warning("guard refused %s %s: %s", request.method, _short(request.path), err)
-            response: web.StreamResponse = error_response(request.path, err)
-        else:
-            response = await handler(request)
-        if not response.prepared:
-            _add_vary_origin(response.headers)
-        return response
+            return error_response(request.path, err)
+        return await handler(request)
 
     return guard_middleware
 
@@ -75,6 +71,11 @@ def _check_request(
     # The target is origin-form by now, so request.path is the path the router will match.
     if not exempt(request.path):
         check_fetch_site(request.headers.getall(_SEC_FETCH_SITE, []))
+
+
+async def add_vary_origin(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare`` hook: every response, streamed ones too, varies on ``Origin``."""
+    _add_vary_origin(response.headers)
 
 
 def _add_vary_origin(headers: CIMultiDict[str]) -> None:

@@ -21,6 +21,7 @@ from sidecar.errors import StorageError
 __all__ = [
     "append_line",
     "ensure_private_dir",
+    "open_append",
     "open_private",
     "read_json",
     "read_private",
@@ -129,8 +130,8 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def append_line(path: Path, line: bytes, *, fsync: bool = False) -> None:
-    """Append one line to a private append-only file (created 0600); checks the descriptor each time."""
+def open_append(path: Path) -> int:
+    """Open (creating 0600) a private append-only file and return its descriptor, checked once."""
     ensure_private_dir(path.parent)
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -139,6 +140,16 @@ def append_line(path: Path, line: bytes, *, fsync: bool = False) -> None:
         raise StorageError(f"{path}: cannot open safely ({exc.strerror})") from exc
     try:
         _check_descriptor(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def append_line(path: Path, line: bytes, *, fsync: bool = False) -> None:
+    """Append one line to a private append-only file (created 0600); checks the descriptor each time."""
+    fd = open_append(path)
+    try:
         os.write(fd, line if line.endswith(b"\n") else line + b"\n")
         if fsync:
             os.fsync(fd)

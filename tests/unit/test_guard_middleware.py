@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from sidecar.config import parse_origin
-from sidecar.net.guard import make_guard_middleware
+from sidecar.net.guard import add_vary_origin, make_guard_middleware
 
 ALLOWED_ORIGIN = "http://localhost:5173"
 EXEMPT_PATH = "/oauth/callback"
@@ -56,6 +56,7 @@ async def server() -> AsyncIterator[Server]:
         fetch_site_exempt=lambda path: path == EXEMPT_PATH,
     )
     app = web.Application(middlewares=[guard])
+    app.on_response_prepare.append(add_vary_origin)
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
     runner_box.append(runner)
