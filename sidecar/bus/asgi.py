@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-__all__ = ["AsgiApp", "AsgiExchange"]
+__all__ = ["AsgiApp", "AsgiExchange", "DisconnectWatcher"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,10 @@ DISCONNECT_POLL: Final = 0.25
 class AsgiExchange:
     """One request/response exchange between aiohttp and an ASGI app. ``abort()`` ends it at once."""
 
-    def __init__(self, request: web.Request, body: bytes, extra_scope: dict[str, Any]) -> None:
+    def __init__(
+        self, request: web.Request, body: bytes, extra_scope: dict[str, Any], *, watcher: DisconnectWatcher
+    ) -> None:
+        self._watcher = watcher
         self._request = request
         self._body: bytes | None = body
         self._extra = extra_scope
@@ -49,13 +52,11 @@ class AsgiExchange:
             transport.close()
 
     async def run(self, app: AsgiApp) -> web.StreamResponse:
-        watcher = asyncio.create_task(self._watch_disconnect())
+        self._watcher.add(self)
         try:
             await app(self._scope(), self._receive, self._send)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            self._watcher.discard(self)
         if self._response is None:
             # The app ended without answering (only when the client left first): nothing to send.
             return web.Response(status=499 if self._gone.is_set() else 500)
@@ -63,6 +64,12 @@ class AsgiExchange:
             with contextlib.suppress(ConnectionError):
                 await self._response.write_eof()
         return self._response
+
+    def check_connection(self) -> None:
+        """Called by the shared watcher: notice a client that hung up."""
+        transport = self._request.transport
+        if transport is None or transport.is_closing():
+            self._gone.set()
 
     def _scope(self) -> dict[str, Any]:
         request = self._request
@@ -116,11 +123,35 @@ class AsgiExchange:
             logger.debug("client went away while writing: %s", exc)
             self._gone.set()
 
-    async def _watch_disconnect(self) -> None:
-        while not self._gone.is_set():
-            transport = self._request.transport
-            if transport is None or transport.is_closing():
-                self._gone.set()
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._gone.wait(), DISCONNECT_POLL)
+
+
+class DisconnectWatcher:
+    """One task for all open exchanges, polling their transports (aiohttp has no disconnect callback).
+
+    A task per request cost more than the request's own routing; one shared poll costs a set walk.
+    """
+
+    def __init__(self) -> None:
+        self._exchanges: set[AsgiExchange] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, exchange: AsgiExchange) -> None:
+        self._exchanges.add(exchange)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._poll(), name="asgi-disconnect-watcher")
+
+    def discard(self, exchange: AsgiExchange) -> None:
+        self._exchanges.discard(exchange)
+
+    async def _poll(self) -> None:
+        while self._exchanges:
+            await asyncio.sleep(DISCONNECT_POLL)
+            for exchange in list(self._exchanges):
+                exchange.check_connection()
+
+    async def close(self) -> None:
+        """Stop polling (at shutdown); exchanges still open are left to their own aborts."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -25,7 +25,7 @@ from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.principal import SCOPE_KEY, Principal
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import session_key
-from sidecar.bus.asgi import AsgiExchange
+from sidecar.bus.asgi import AsgiExchange, DisconnectWatcher
 from sidecar.bus.mcp import CALLER, ChangeHub
 from sidecar.config import Settings
 from sidecar.errors import UnsupportedMediaType
@@ -53,6 +53,7 @@ class McpEndpoint:
         self._settings = settings
         self._inflight = inflight
         self._hub = hub
+        self._watcher = DisconnectWatcher()
         self._manager = StreamableHTTPSessionManager(
             server,
             json_response=settings.mcp.json_response,
@@ -86,6 +87,7 @@ class McpEndpoint:
         try:
             yield
         finally:
+            await self._watcher.close()
             stop.set()
             try:
                 await asyncio.wait_for(task, MANAGER_STOP_TIMEOUT)
@@ -111,6 +113,7 @@ class McpEndpoint:
                 # answers 404 to any other (SPEC §4).
                 "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),  # noqa: S106
             },
+            watcher=self._watcher,
         )
         keys = (route_key(principal.route), session_key(principal.session_id))
         token = CALLER.set(principal)
