@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Final
 
 from aiohttp import web
 
 from sidecar.appkeys import (
+    APPROVALS,
     AUDIT,
     HUB,
     INFLIGHT,
@@ -31,12 +34,14 @@ from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
 from sidecar.auth.routes import PROXY_ROUTE, RouteRegistry
 from sidecar.auth.sessions import Session, SessionStore
+from sidecar.bus.approvals import Approval, ApprovalStore
+from sidecar.bus.billing import BillingGate, ManifestSource
 from sidecar.bus.builtins import install_builtins
 from sidecar.bus.endpoint import McpEndpoint
 from sidecar.bus.mcp import ChangeHub, build_mcp_server
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.rest import RestFacade
-from sidecar.bus.tools import ToolService
+from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
 from sidecar.control import add_control_routes
 from sidecar.http import error_middleware, json_response
@@ -47,6 +52,9 @@ from sidecar.store.audit import AuditLog
 __all__ = ["build_app"]
 
 logger = logging.getLogger(__name__)
+
+SHIPPED_BILLING: Final = Path(__file__).resolve().parents[1] / "config" / "high-credit-tools.json"
+"""The repo's manifest for built-in tools (the daemon runs from its checkout: scripts/run)."""
 
 
 def build_app(
@@ -61,8 +69,21 @@ def build_app(
     audit = AuditLog(paths.audit_file)
     routes = RouteRegistry(inflight, on_event=lambda name, event: _audit_route(audit, name, event))
     sessions = SessionStore(inflight, default_ttl=settings.sessions.default_ttl, max_ttl=settings.sessions.max_ttl)
-    registry = install_builtins(registry or ToolRegistry())
-    tools = ToolService(registry, audit=audit, inflight=inflight)
+    registry = install_builtins(registry or ToolRegistry(), notes_dir=paths.data / "notes")
+    approvals = ApprovalStore()
+    tools = ToolService(
+        registry,
+        sessions=sessions,
+        audit=audit,
+        inflight=inflight,
+        approvals=approvals,
+        billing=BillingGate(billing_sources(settings, paths)),
+        defer=DeferPolicy(
+            tools=frozenset(settings.tools.defer),
+            sources=frozenset(settings.tools.defer_sources),
+            auto_above=settings.tools.auto_defer_above,
+        ),
+    )
     hub = ChangeHub()
     endpoint = McpEndpoint(
         build_mcp_server(tools=tools, sessions=sessions, hub=hub),
@@ -93,8 +114,14 @@ def build_app(
     app[REGISTRY] = registry
     app[TOOLS] = tools
     app[HUB] = hub
+    app[APPROVALS] = approvals
 
-    sessions.subscribe(_SessionEvents(audit, hub))
+    sessions.subscribe(_SessionEvents(audit, hub, approvals))
+
+    def audit_approval(approval: Approval, event: str) -> None:
+        audit.append(f"approval.{event}", **_approval_fields(approval))
+
+    approvals.subscribe(audit_approval)
 
     async def mcp(request: web.Request) -> web.StreamResponse:
         return await endpoint.handle(request, request[PRINCIPAL])
@@ -135,17 +162,38 @@ def build_app(
     return app
 
 
+def billing_sources(settings: Settings, paths: Paths) -> list[ManifestSource]:
+    """The built-in tools' manifests: the shipped one (required) and the user's own (optional)."""
+    shipped = Path(settings.tools.billing_manifest) if settings.tools.billing_manifest else SHIPPED_BILLING
+    return [
+        ManifestSource(scope="builtin", path=shipped, required=True),
+        ManifestSource(scope="builtin", path=paths.config / "high-credit-tools.json", required=False),
+    ]
+
+
 def _audit_route(audit: AuditLog, name: str, event: str) -> None:
     kind = {"registered": "token.mint", "rotated": "token.mint", "unregistered": "token.revoke"}[event]
     audit.append(kind, route=name, reason=event)
 
 
+def _approval_fields(approval: Approval) -> dict[str, object]:
+    return {
+        "approval": approval.id,
+        "session": approval.session_id,
+        "tool": approval.tool,
+        "kind": approval.kind,
+        "group": approval.group,
+        "args_digest": approval.digest,
+    }
+
+
 class _SessionEvents:
     """Audit session lifecycle and push ``tools/list_changed`` when a session's grant changes."""
 
-    def __init__(self, audit: AuditLog, hub: ChangeHub) -> None:
+    def __init__(self, audit: AuditLog, hub: ChangeHub, approvals: ApprovalStore) -> None:
         self._audit = audit
         self._hub = hub
+        self._approvals = approvals
         self._tasks: set[asyncio.Task[int]] = set()
 
     def __call__(self, session: Session, event: str) -> None:
@@ -163,3 +211,4 @@ class _SessionEvents:
             task.add_done_callback(self._tasks.discard)
         elif event == "ended":
             self._hub.forget(session.id)
+            self._approvals.forget_session(session.id)

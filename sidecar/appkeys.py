@@ -16,6 +16,7 @@ from aiohttp import web
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
+from sidecar.bus.approvals import ApprovalStore
 from sidecar.bus.mcp import ChangeHub
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.tools import ToolService
@@ -24,6 +25,7 @@ from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
 
 __all__ = [
+    "APPROVALS",
     "AUDIT",
     "HUB",
     "INFLIGHT",
@@ -63,3 +65,4 @@ SESSIONS = web.AppKey("sessions", SessionStore)
 REGISTRY = web.AppKey("registry", ToolRegistry)
 TOOLS = web.AppKey("tools", ToolService)
 HUB = web.AppKey("hub", ChangeHub)
+APPROVALS = web.AppKey("approvals", ApprovalStore)

@@ -84,6 +84,22 @@ class SessionSettings(_Frozen):
     """Longest lifetime a session may be given."""
 
 
+class ToolSettings(_Frozen):
+    """The tool pool: deferred loading and the billable-tools manifest."""
+
+    defer: tuple[str, ...] = ()
+    """Tool names kept out of tools/list; agents find them with tool_search and run them with tool_call."""
+
+    defer_sources: tuple[str, ...] = ()
+    """Whole sources (``builtin``, ``connector:<id>``) whose tools are deferred."""
+
+    auto_defer_above: int = Field(default=64, ge=1, le=10_000)
+    """When a session may use more tools than this, all but tool_search/tool_call/list_connectors are deferred."""
+
+    billing_manifest: str | None = None
+    """The built-in tools' high-credit-tools.json; unset means the one shipped in the repo's config/."""
+
+
 class Settings(_Frozen):
     """Everything the daemon reads at start."""
 
@@ -102,6 +118,7 @@ class Settings(_Frozen):
     limits: Limits = Limits()
     mcp: McpSettings = McpSettings()
     sessions: SessionSettings = SessionSettings()
+    tools: ToolSettings = ToolSettings()
 
     @field_validator("host")
     @classmethod

@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
-from sidecar.appkeys import AUDIT, ROUTES, RUNTIME, SESSIONS, SETTINGS
+from sidecar.appkeys import APPROVALS, AUDIT, ROUTES, RUNTIME, SESSIONS, SETTINGS
 from sidecar.auth.routes import PROXY_ROUTE
 from sidecar.errors import RequestRejected
 from sidecar.http import json_response
@@ -142,6 +142,28 @@ async def rotate_route(request: web.Request) -> web.Response:
     return json_response({"rotated": name})
 
 
+class ApprovalGrant(_Body):
+    remember: str | None = Field(default=None, pattern="^session$")
+    """``"session"``: remember the approval's group for the rest of its session."""
+
+
+async def list_approvals(request: web.Request) -> web.Response:
+    session_id = request.query.get("session")
+    pending_only = request.query.get("all") not in {"1", "true"}
+    found = request.app[APPROVALS].list(session_id=session_id, pending_only=pending_only)
+    return json_response({"approvals": [a.public() for a in found]})
+
+
+async def allow_approval(request: web.Request) -> web.Response:
+    grant = await _parse(request, ApprovalGrant)
+    approval = request.app[APPROVALS].allow(request.match_info["approval_id"], remember=grant.remember == "session")
+    return json_response(approval.public())
+
+
+async def deny_approval(request: web.Request) -> web.Response:
+    return json_response(request.app[APPROVALS].deny(request.match_info["approval_id"]).public())
+
+
 def add_control_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/control/status", status)
@@ -153,3 +175,6 @@ def add_control_routes(app: web.Application) -> None:
     r.add_delete("/control/sessions/{session_id}", end_session)
     r.add_get("/control/routes", list_routes)
     r.add_post("/control/routes/{name}/rotate", rotate_route)
+    r.add_get("/control/approvals", list_approvals)
+    r.add_post("/control/approvals/{approval_id}/allow", allow_approval)
+    r.add_post("/control/approvals/{approval_id}/deny", deny_approval)

@@ -29,6 +29,7 @@ from sidecar import __version__
 from sidecar.auth.principal import SCOPE_KEY, Principal
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import Session, SessionStore
+from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.registry import Risk, ToolDef
 from sidecar.bus.tools import ToolService
 
@@ -160,8 +161,8 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         session = live_session(ctx)
-        visible = tools.visible(session) if session is not None else []
-        return types.ListToolsResult(tools=[_tool_to_mcp(t) for t in visible])
+        listed = tools.listed(session) if session is not None else []
+        return types.ListToolsResult(tools=[_tool_to_mcp(t) for t in listed])
 
     async def on_call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -171,7 +172,12 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
         if session is None:
             return _error_result("this session has ended")
         outcome = await tools.call(
-            session, params.name, params.arguments, via="mcp", abort_keys=(route_key(principal.route),)
+            session,
+            params.name,
+            params.arguments,
+            via="mcp",
+            abort_keys=(route_key(principal.route),),
+            ask=_elicitation_asker(ctx),
         )
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=outcome.text)],
@@ -209,6 +215,36 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
     # The SDK's default OpenTelemetry middleware costs ~11 µs a call and exports nothing here.
     server.middleware = [remember_clients]
     return server
+
+
+def _elicitation_asker(ctx: ServerRequestContext[Any, Any]) -> Asker | None:
+    """Ask through MCP elicitation when this client and this exchange can carry the question."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return None  # 2026-07-28 has no server-to-client requests: pending approval instead
+    session = ctx.session
+    capabilities = session.client_capabilities
+    if capabilities is None or capabilities.elicitation is None or not session.can_send_request:
+        return None
+
+    async def ask(question: Question) -> Answer:
+        properties: dict[str, Any] = {}
+        if question.rememberable:
+            properties["remember"] = {
+                "type": "boolean",
+                "title": "Allow for the rest of this session",
+                "default": False,
+            }
+        result = await session.elicit_form(
+            question.message,
+            {"type": "object", "properties": properties},
+            related_request_id=ctx.request_id,
+        )
+        if result.action == "accept":
+            remember = bool((result.content or {}).get("remember")) and question.rememberable
+            return Answer.ACCEPT_REMEMBER if remember else Answer.ACCEPT
+        return Answer.DECLINE if result.action == "decline" else Answer.CANCEL
+
+    return ask
 
 
 def _error_result(message: str) -> types.CallToolResult:

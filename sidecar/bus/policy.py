@@ -1,8 +1,13 @@
 """The one decision: may this session see or run this tool, in this phase (SPEC §6)?
 
-Every path asks here — ``tools/list``, ``tools/call``, the REST facade (and, later, ``tool_search`` and
-``tool_call``) — and every call asks again at execution time, so a grant that shrinks applies to the
-next call. Deny by default: each rule that can deny names itself in the decision for the audit log.
+Every path asks here — ``tools/list``, ``tool_search``, ``tools/call``, ``tool_call`` and the REST
+facade — and every call asks again at execution time, so a grant that shrinks applies to the next
+call. Deny by default; each rule names itself in the decision, for the audit log.
+
+Order: the tool exists → HIGH is never exposed → the session's grant covers it → network if the tool
+needs it → the mode permits its risk → the billable gate (asks in every mode, ``bypass`` included) →
+MEDIUM asks in ``default`` mode → allow. Listing and search never ask: a tool that would ask at call
+time is visible, and the question comes when it is called.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 from sidecar.auth.sessions import Mode, Session
 from sidecar.bus.registry import Risk, ToolDef
 
-__all__ = ["Decision", "Phase", "Verdict", "decide", "pattern_allows"]
+__all__ = ["Billing", "Decision", "Phase", "Verdict", "decide", "pattern_allows"]
 
 
 class Phase(enum.StrEnum):
@@ -29,10 +34,26 @@ class Verdict(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Billing:
+    """What the billable gate said about a tool (``bus/billing.py``), reduced to what the decision needs."""
+
+    billable: bool
+    kind: str | None = None
+    group: str | None = None
+
+
+FREE = Billing(billable=False)
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     verdict: Verdict
     rule: str
-    """Which rule decided (``exists``, ``risk-high``, ``grant``, ``network``, ``mode``, ``allow``)."""
+    """Which rule decided: exists, risk-high, grant, network, mode, billable, confirm, allow."""
+    kind: str | None = None
+    """For ``ask``: what kind of approval (``confirm`` for MEDIUM, the manifest's kind when billable)."""
+    group: str | None = None
+    """For ``ask``: the group an approval may be remembered under for the session (None: never)."""
 
     @property
     def allowed(self) -> bool:
@@ -52,8 +73,8 @@ def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
     return False
 
 
-def decide(session: Session, tool: ToolDef | None, phase: Phase) -> Decision:
-    """Tool exists ∧ not HIGH ∧ in the grant ∧ network allowed if needed ∧ risk permitted by mode."""
+def decide(session: Session, tool: ToolDef | None, phase: Phase, billing: Billing = FREE) -> Decision:
+    """Exists ∧ not HIGH ∧ granted ∧ network ∧ mode, then the questions: billable, then MEDIUM confirm."""
     if tool is None:
         return _UNKNOWN
     if tool.risk is Risk.HIGH:
@@ -63,9 +84,13 @@ def decide(session: Session, tool: ToolDef | None, phase: Phase) -> Decision:
         return Decision(Verdict.DENY, "grant")
     if tool.needs_network and not session.network:
         return Decision(Verdict.DENY, "network")
-    if tool.risk is Risk.MEDIUM:
-        if session.mode is Mode.READ_ONLY:
-            return Decision(Verdict.DENY, "mode")
-        if session.mode is Mode.DEFAULT and phase is Phase.CALL:
-            return Decision(Verdict.ASK, "mode")
+    if tool.risk is Risk.MEDIUM and session.mode is Mode.READ_ONLY:
+        return Decision(Verdict.DENY, "mode")
+    if phase is not Phase.CALL:
+        return Decision(Verdict.ALLOW, "allow")
+    if billing.billable:
+        # SECURITY: the billable gate asks in every mode, bypass included (SPEC §6).
+        return Decision(Verdict.ASK, "billable", kind=billing.kind or "billable", group=billing.group)
+    if tool.risk is Risk.MEDIUM and session.mode is Mode.DEFAULT:
+        return Decision(Verdict.ASK, "confirm", kind="confirm", group=f"tool:{tool.name}")
     return Decision(Verdict.ALLOW, "allow")

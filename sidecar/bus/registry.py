@@ -11,11 +11,20 @@ import enum
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator
 
-__all__ = ["CallContext", "Risk", "ToolDef", "ToolHandler", "ToolOutput", "ToolRegistry", "validate_tool_name"]
+__all__ = [
+    "CallContext",
+    "Risk",
+    "ToolBus",
+    "ToolDef",
+    "ToolHandler",
+    "ToolOutput",
+    "ToolRegistry",
+    "validate_tool_name",
+]
 
 
 class Risk(enum.StrEnum):
@@ -36,13 +45,22 @@ def validate_tool_name(name: str) -> str:
     return name
 
 
+class ToolBus(Protocol):
+    """The session-bound view of the tool pool that ``tool_search``/``tool_call`` work through."""
+
+    def search(self, query: str, limit: int) -> list[ToolDef]: ...
+
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> Any: ...
+
+
 @dataclass(frozen=True, slots=True)
 class CallContext:
-    """What a tool may know about the call: the session's id, project and workspace."""
+    """What a tool may know about the call: the session's id, project and workspace, and the pool."""
 
     session_id: str
     project_id: str
     workspace: str
+    bus: ToolBus | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +86,15 @@ class ToolDef:
     title: str | None = None
     tags: frozenset[str] = frozenset()
     needs_network: bool = False
+    defer_loading: bool = False
     source: str = "builtin"
     server: str = "sidecar"
     validator: Draft202012Validator = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def scope(self) -> str:
+        """Which trust and billing scope the tool belongs to: ``builtin`` or ``<source>``."""
+        return self.source
 
 
 class ToolRegistry:
@@ -89,6 +113,7 @@ class ToolRegistry:
         title: str | None = None,
         tags: frozenset[str] = frozenset(),
         needs_network: bool = False,
+        defer_loading: bool = False,
     ) -> Callable[[ToolHandler], ToolHandler]:
         """Decorator registering an async handler as a tool."""
 
@@ -102,6 +127,7 @@ class ToolRegistry:
                 title=title,
                 tags=tags,
                 needs_network=needs_network,
+                defer_loading=defer_loading,
             )
             return handler
 
@@ -118,6 +144,7 @@ class ToolRegistry:
         title: str | None = None,
         tags: frozenset[str] = frozenset(),
         needs_network: bool = False,
+        defer_loading: bool = False,
     ) -> ToolDef:
         validate_tool_name(name)
         if name in self._tools:
@@ -135,6 +162,7 @@ class ToolRegistry:
             title=title,
             tags=tags,
             needs_network=needs_network,
+            defer_loading=defer_loading,
             validator=Draft202012Validator(schema),
         )
         self._tools[name] = definition

@@ -13,7 +13,7 @@ from sidecar.auth.middleware import PRINCIPAL
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import SessionStore
 from sidecar.bus.mcp import tool_control_id
-from sidecar.bus.policy import Phase, decide
+from sidecar.bus.policy import Verdict
 from sidecar.bus.registry import ToolDef, ToolRegistry
 from sidecar.bus.tools import ToolService
 from sidecar.config import Limits
@@ -64,10 +64,10 @@ class RestFacade:
         name = request.match_info["name"]
         if not _NAME.fullmatch(name):
             raise NotFound("no such tool")
-        tool = self._registry.get(name)
+        tool, decision = self._tools.decide_call(session, name)
         if tool is None:
             raise NotFound("no such tool")
-        if not decide(session, tool, Phase.CALL).allowed:
+        if decision.verdict is Verdict.DENY:
             raise Forbidden(f"{name} is not allowed in this session")
         if request.content_type != "application/json":
             raise UnsupportedMediaType("send Content-Type: application/json")

@@ -1,9 +1,12 @@
-"""Running tools for a session: the decision, argument checks, execution, result shaping and audit.
+"""Running tools for a session: the decision, argument checks, approvals, execution, results, audit.
 
-``ToolService.call`` never raises to the caller: an unknown or forbidden tool, bad arguments, a tool
-that throws, a tool aborted by revocation, or an oversized result each become a ``CallOutcome`` with
-``is_error`` and a short message (SPEC §6). A denied call and a call to a tool that does not exist
-get the same message, so names cannot be probed.
+``ToolService.call`` never raises to the caller: an unknown or forbidden tool, bad arguments, a call
+that needs approval, a tool that throws, a call aborted by revocation, or an oversized result each
+become a ``CallOutcome`` with ``is_error`` and a short message (SPEC §6). A denied call and a call to
+a tool that does not exist get the same message, so names cannot be probed.
+
+Every call is decided again at execution time, and once more after any wait for a human, from the
+live session record: a grant that shrank or a session that ended while a question was open wins.
 """
 
 from __future__ import annotations
@@ -14,16 +17,19 @@ import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from sidecar.auth.inflight import InflightTracker
-from sidecar.auth.sessions import Session, session_key
-from sidecar.bus.policy import Decision, Phase, Verdict, decide
+from sidecar.auth.sessions import Session, SessionStore, session_key
+from sidecar.bus.approvals import ApprovalStore, arguments_digest
+from sidecar.bus.asking import Answer, Asker, Question
+from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
 from sidecar.bus.registry import CallContext, ToolDef, ToolRegistry
+from sidecar.bus.search import SearchIndex
 from sidecar.errors import ToolError
 from sidecar.store.audit import AuditLog, shape_of
 
-__all__ = ["CallOutcome", "ToolService"]
+__all__ = ["BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +37,31 @@ MAX_RESULT_CHARS: Final = 256 * 1024
 """Characters of tool text returned to a client; the rest is cut and marked."""
 PREVIEW_CHARS: Final = 200
 NOT_AVAILABLE: Final = "tool not found or not available in this session"
+META_TOOLS: Final = frozenset({"tool_search", "tool_call", "list_connectors"})
+"""Built-ins that are never deferred: they are how deferred tools are reached."""
+
+
+class BillingCheck(Protocol):
+    """The billable gate's interface (``bus/billing.py``); must never raise."""
+
+    def check(self, *, scope: str, tool: str) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeferPolicy:
+    """Which tools stay out of ``tools/list`` (found with ``tool_search`` instead)."""
+
+    tools: frozenset[str] = frozenset()
+    sources: frozenset[str] = frozenset()
+    auto_above: int = 64
+    """When a session may see more tools than this, every tool but the meta-tools is deferred."""
+
+    def deferred(self, tool: ToolDef, pool_size: int) -> bool:
+        if tool.name in META_TOOLS and tool.source == "builtin":
+            return False
+        return (
+            tool.defer_loading or tool.name in self.tools or tool.source in self.sources or pool_size > self.auto_above
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +69,13 @@ class CallOutcome:
     """The normalized result of one call (the REST facade returns it as JSON)."""
 
     tool: str
-    status: str  # "ok" | "error" | "denied" | "aborted"
+    status: str  # "ok" | "error" | "denied" | "approval_required" | "declined" | "aborted"
     text: str
     structured: Mapping[str, Any] | None = None
     source: str = "builtin"
     server: str = "sidecar"
     decision: Decision | None = field(default=None, compare=False)
+    approval_id: str | None = None
 
     @property
     def is_error(self) -> bool:
@@ -54,7 +86,7 @@ class CallOutcome:
         return first[:PREVIEW_CHARS]
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "source": self.source,
             "server": self.server,
             "tool": self.tool,
@@ -62,25 +94,111 @@ class CallOutcome:
             "preview": self.preview(),
             "result": {"text": self.text, "structured": self.structured, "isError": self.is_error},
         }
+        if self.approval_id is not None:
+            body["approval_id"] = self.approval_id
+        return body
+
+
+class _SessionBus:
+    """``CallContext.bus`` for one call: search and call within the same session and asker."""
+
+    def __init__(self, service: ToolService, session: Session, ask: Asker | None, keys: tuple[Hashable, ...]) -> None:
+        self._service, self._session, self._ask, self._keys = service, session, ask, keys
+
+    def search(self, query: str, limit: int) -> list[ToolDef]:
+        session = self._service.sessions.alive(self._session.id)
+        return self._service.search(session, query, limit) if session is not None else []
+
+    async def call(self, name: str, arguments: Mapping[str, Any]) -> CallOutcome:
+        session = self._service.sessions.alive(self._session.id)
+        if session is None:
+            return CallOutcome(tool=name, status="aborted", text="this session has ended")
+        return await self._service.call(session, name, arguments, via="tool_call", abort_keys=self._keys, ask=self._ask)
 
 
 class ToolService:
-    """The session-facing view of the registry."""
+    """The session-facing view of the registry: what a session sees, finds and may run."""
 
-    def __init__(self, registry: ToolRegistry, *, audit: AuditLog, inflight: InflightTracker) -> None:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        *,
+        sessions: SessionStore,
+        audit: AuditLog,
+        inflight: InflightTracker,
+        approvals: ApprovalStore,
+        billing: BillingCheck | None = None,
+        defer: DeferPolicy | None = None,
+    ) -> None:
         self._registry = registry
+        self.sessions = sessions
         self._audit = audit
         self._inflight = inflight
+        self.approvals = approvals
+        self._billing = billing
+        self._defer = defer or DeferPolicy()
+        self._index = SearchIndex()
+        self._indexed = 0
+
+    # -- what a session sees -------------------------------------------------------------------
 
     def visible(self, session: Session, phase: Phase = Phase.LIST) -> list[ToolDef]:
-        """The tools this session may see, in registration order."""
+        """Every tool this session may see (listed or deferred), in registration order."""
         return [t for t in self._registry if decide(session, t, phase).verdict is not Verdict.DENY]
+
+    def listed(self, session: Session) -> list[ToolDef]:
+        """What ``tools/list`` shows: the visible tools that are not deferred."""
+        pool = self.visible(session)
+        return [t for t in pool if not self._defer.deferred(t, len(pool))]
 
     def lookup(self, session: Session, name: str, phase: Phase = Phase.LIST) -> ToolDef | None:
         tool = self._registry.get(name)
         if tool is None or decide(session, tool, phase).verdict is Verdict.DENY:
             return None
         return tool
+
+    def search(self, session: Session, query: str, limit: int = 10) -> list[ToolDef]:
+        """Rank this session's *allowed, deferred* tools for ``query`` (BM25); others never appear."""
+        self._refresh_index()
+        pool_size = len(self.visible(session))
+
+        def allowed(name: str) -> bool:
+            tool = self._registry.get(name)
+            return (
+                tool is not None
+                and decide(session, tool, Phase.SEARCH).verdict is not Verdict.DENY
+                and self._defer.deferred(tool, pool_size)
+            )
+
+        hits = self._index.search(query, limit=limit, allowed=allowed)
+        return [tool for name, _ in hits if (tool := self._registry.get(name)) is not None]
+
+    def _refresh_index(self) -> None:
+        if self._indexed == len(self._registry):
+            return
+        for tool in self._registry:
+            if tool.name not in self._index and tool.risk.value != "HIGH":
+                params = tool.input_schema.get("properties", {})
+                self._index.add(tool.name, name=tool.name, description=tool.description, parameters=list(params))
+        self._indexed = len(self._registry)
+
+    # -- running a call ------------------------------------------------------------------------
+
+    def _billing_of(self, tool: ToolDef) -> Billing:
+        if self._billing is None:
+            return FREE
+        try:
+            verdict = self._billing.check(scope=tool.scope, tool=tool.name)
+            return Billing(billable=bool(verdict.billable), kind=verdict.kind, group=verdict.group)
+        except Exception:
+            # SECURITY: the gate fails closed: an error in it means ask, never allow.
+            logger.exception("billable gate failed for %s; asking", tool.name)
+            return Billing(billable=True, kind="unverifiable", group=None)
+
+    def decide_call(self, session: Session, name: str) -> tuple[ToolDef | None, Decision]:
+        tool = self._registry.get(name)
+        billing = self._billing_of(tool) if tool is not None else FREE
+        return tool, decide(session, tool, Phase.CALL, billing)
 
     async def call(
         self,
@@ -90,58 +208,121 @@ class ToolService:
         *,
         via: str,
         abort_keys: Iterable[Hashable] = (),
+        ask: Asker | None = None,
     ) -> CallOutcome:
-        """Decide, validate, run and audit one call; never raises."""
+        """Decide, check arguments, get approval if needed, run and audit one call; never raises."""
         started = time.perf_counter()
-        tool = self._registry.get(name)
-        decision = decide(session, tool, Phase.CALL)
-        if tool is None or decision.verdict is not Verdict.ALLOW:
-            reason = NOT_AVAILABLE
-            if tool is not None and decision.verdict is Verdict.ASK:
-                reason = f"{name} needs approval, and approvals are not available yet"
-            outcome = CallOutcome(tool=name, status="denied", text=reason, decision=decision)
-            self._record(session, tool, name, arguments, outcome, decision, started, via)
-            return outcome
+        keys = (session_key(session.id), *abort_keys)
+        tool, decision = self.decide_call(session, name)
+        grant: str | None = None
         try:
-            outcome = await self._run(session, tool, arguments, decision, abort_keys)
+            if tool is None or decision.verdict is Verdict.DENY:
+                outcome = CallOutcome(tool=name, status="denied", text=NOT_AVAILABLE, decision=decision)
+            else:
+                args = _clean_arguments(tool, arguments)
+                if isinstance(args, str):
+                    outcome = self._fail(tool, decision, "error", args)
+                elif decision.verdict is Verdict.ASK:
+                    outcome, grant, session = await self._approve_then_run(session, tool, args, decision, keys, ask)
+                else:
+                    outcome = await self._run(session, tool, args, decision, keys, ask)
         except asyncio.CancelledError:
             # The caller went away (client disconnect, revocation): still leave a record of the call.
             aborted = CallOutcome(tool=name, status="aborted", text="call aborted", decision=decision)
-            self._record(session, tool, name, arguments, aborted, decision, started, via)
+            self._record(session, tool, name, arguments, aborted, decision, started, via, grant)
             raise
-        self._record(session, tool, name, arguments, outcome, decision, started, via)
+        self._record(session, tool, name, arguments, outcome, decision, started, via, grant)
         return outcome
+
+    async def _approve_then_run(
+        self,
+        session: Session,
+        tool: ToolDef,
+        args: dict[str, Any],
+        decision: Decision,
+        keys: tuple[Hashable, ...],
+        ask: Asker | None,
+    ) -> tuple[CallOutcome, str | None, Session]:
+        digest = arguments_digest(args)
+        kind = decision.kind or "confirm"
+        grant = self.approvals.consume(session_id=session.id, tool=tool.name, digest=digest, group=decision.group)
+        if grant is None and ask is not None:
+            answer = await self._ask(ask, Question(tool.name, kind, decision.group, _question_text(tool, kind)))
+            if answer in (Answer.DECLINE, Answer.CANCEL):
+                return self._fail(tool, decision, "declined", f"the user declined {tool.name}"), None, session
+            if answer is not None:
+                grant = "elicited"
+                if answer is Answer.ACCEPT_REMEMBER and decision.group is not None:
+                    self.approvals.remember(session.id, decision.group)
+                # SECURITY: a human may take minutes; decide again from the live session before running.
+                live = self.sessions.alive(session.id)
+                if live is None:
+                    return self._fail(tool, decision, "aborted", "this session has ended"), None, session
+                session = live
+                _, again = self.decide_call(session, tool.name)
+                if again.verdict is Verdict.DENY:
+                    return self._fail(tool, again, "denied", NOT_AVAILABLE), None, session
+        if grant is None:
+            approval = self.approvals.request(
+                session_id=session.id, tool=tool.name, digest=digest, kind=kind, group=decision.group
+            )
+            remember = " (or add --remember session)" if decision.group is not None else ""
+            text = (
+                f"{tool.name} needs the user's approval ({kind}). Ask the user to run "
+                f"`sidecar approvals allow {approval.id}`{remember}, then call it again with the same arguments."
+            )
+            outcome = CallOutcome(
+                tool=tool.name,
+                status="approval_required",
+                text=text,
+                decision=decision,
+                source=tool.source,
+                server=tool.server,
+                approval_id=approval.id,
+            )
+            return outcome, None, session
+        return await self._run(session, tool, args, decision, keys, ask), grant, session
+
+    @staticmethod
+    async def _ask(ask: Asker, question: Question) -> Answer | None:
+        try:
+            return await ask(question)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client could not be asked: fall back to a pending approval
+            logger.info("could not ask through the client for %s: %s", question.tool, exc)
+            return None
 
     async def _run(
         self,
         session: Session,
         tool: ToolDef,
-        arguments: Mapping[str, Any] | None,
+        args: dict[str, Any],
         decision: Decision,
-        abort_keys: Iterable[Hashable],
+        keys: tuple[Hashable, ...],
+        ask: Asker | None,
     ) -> CallOutcome:
-        def fail(status: str, text: str) -> CallOutcome:
-            return CallOutcome(
-                tool=tool.name, status=status, text=text, decision=decision, source=tool.source, server=tool.server
-            )
-
-        args = _clean_arguments(tool, arguments)
-        if isinstance(args, str):
-            return fail("error", args)
-        context = CallContext(session_id=session.id, project_id=session.project_id, workspace=session.workspace)
+        context = CallContext(
+            session_id=session.id,
+            project_id=session.project_id,
+            workspace=session.workspace,
+            bus=_SessionBus(self, session, ask, keys[1:]),
+        )
         task = asyncio.ensure_future(tool.handler(args, context))
-        with self._inflight.track((session_key(session.id), *abort_keys), lambda: _cancel(task)):
+        with self._inflight.track(keys, lambda: _cancel(task)):
             try:
                 output = await task
             except asyncio.CancelledError:
                 if task.cancelled() and not _current_task_cancelling():
-                    return fail("aborted", "call aborted: the session or route was revoked")
+                    return self._fail(tool, decision, "aborted", "call aborted: the session or route was revoked")
                 raise
             except ToolError as exc:
-                return fail("error", str(exc) or "tool failed")
+                return self._fail(tool, decision, "error", str(exc) or "tool failed")
             except Exception:
                 logger.exception("tool %s raised", tool.name)
-                return fail("error", f"{tool.name} failed with an internal error")
+                return self._fail(tool, decision, "error", f"{tool.name} failed with an internal error")
+        if isinstance(output, CallOutcome):  # tool_call hands back the inner call's outcome as is
+            return output
         text = output.text
         if len(text) > MAX_RESULT_CHARS:
             text = text[:MAX_RESULT_CHARS] + f"\n[truncated: result was {len(output.text)} characters]"
@@ -158,6 +339,12 @@ class ToolService:
             server=tool.server,
         )
 
+    @staticmethod
+    def _fail(tool: ToolDef, decision: Decision, status: str, text: str) -> CallOutcome:
+        return CallOutcome(
+            tool=tool.name, status=status, text=text, decision=decision, source=tool.source, server=tool.server
+        )
+
     def _record(
         self,
         session: Session,
@@ -168,6 +355,7 @@ class ToolService:
         decision: Decision,
         started: float,
         via: str,
+        grant: str | None,
     ) -> None:
         try:
             self._audit.append(
@@ -177,14 +365,21 @@ class ToolService:
                 risk=tool.risk.value if tool is not None else None,
                 decision=decision.verdict.value,
                 rule=decision.rule,
+                grant=grant,
                 via=via,
                 outcome=outcome.status,
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
-                args=shape_of(dict(arguments or {})),
+                args=shape_of(dict(arguments or {})) if isinstance(arguments, Mapping) else "invalid",
             )
         except Exception:
             # The audit write failing must not turn into a success the user cannot see: log loudly.
             logger.exception("audit append failed for a call to %s", name)
+
+
+def _question_text(tool: ToolDef, kind: str) -> str:
+    if kind == "confirm":
+        return f"Allow the agent to run {tool.name}? {tool.description[:200]}"
+    return f"{tool.name} costs money ({kind}). Allow this call? {tool.description[:200]}"
 
 
 def _cancel(task: asyncio.Future[Any]) -> None:

@@ -143,6 +143,32 @@ def cmd_routes_rotate(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def cmd_approvals_list(args: argparse.Namespace, paths: Paths) -> int:
+    query = "?all=1" if args.all else ""
+    approvals = _client(paths).call("GET", f"/control/approvals{query}")["approvals"]
+    lines = [
+        f"{a['approval_id']}  {a['state']:<8}  {a['kind']:<10}  {a['tool']:<32}  session {a['session_id']}"
+        + (f"  group {a['group']}" if a["group"] else "")
+        for a in approvals
+    ]
+    _print(args, approvals, "\n".join(lines) or "no pending approvals")
+    return 0
+
+
+def cmd_approvals_allow(args: argparse.Namespace, paths: Paths) -> int:
+    body = {"remember": args.remember} if args.remember else {}
+    approval = _client(paths).call("POST", f"/control/approvals/{args.approval_id}/allow", body)
+    how = f" (remembered for the session: {approval['group']})" if args.remember else " (once)"
+    _print(args, approval, f"allowed {approval['tool']}{how}; the agent can retry the call now")
+    return 0
+
+
+def cmd_approvals_deny(args: argparse.Namespace, paths: Paths) -> int:
+    approval = _client(paths).call("POST", f"/control/approvals/{args.approval_id}/deny")
+    _print(args, approval, f"denied {approval['tool']}")
+    return 0
+
+
 def cmd_audit(args: argparse.Namespace, paths: Paths) -> int:
     from sidecar.store.audit import verify
 
@@ -191,31 +217,35 @@ def cmd_service(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sidecar", description="One safe local MCP endpoint for every agent.")
-    parser.add_argument("--version", action="version", version=f"sidecar {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def command(name: str, handler: Handler, help_text: str, parent: Any = sub) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(handler=handler)
-        return p
-
-    def with_json(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _command(
+    parent: Any, name: str, handler: Handler, help_text: str, *, json: bool = False
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
+    p.set_defaults(handler=handler)
+    if json:
         p.add_argument("--json", action="store_true", help="print JSON")
-        return p
+    return p
 
-    serve = command("serve", cmd_serve, "run the daemon in the foreground")
+
+def _group(sub: Any, name: str, help_text: str) -> Any:
+    return sub.add_parser(name, help=help_text).add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
+
+
+def _daemon_commands(sub: Any) -> None:
+    serve = _command(sub, "serve", cmd_serve, "run the daemon in the foreground")
     serve.add_argument("--port", type=int, default=None, help="TCP port (0 = any free port)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (only 127.0.0.1 is accepted)")
     serve.add_argument("-v", "--verbose", action="store_true")
-    with_json(command("status", cmd_status, "show the running daemon"))
-    stop = command("stop", cmd_stop, "stop the running daemon")
+    _command(sub, "status", cmd_status, "show the running daemon", json=True)
+    stop = _command(sub, "stop", cmd_stop, "stop the running daemon")
     stop.add_argument("--timeout", type=float, default=15.0)
+    svc = _command(sub, "service", cmd_service, "install or remove the background service (systemd/launchd)")
+    svc.add_argument("action", choices=["install", "uninstall"])
 
-    session = sub.add_parser("session", help="create, list, change and end agent sessions")
-    ssub = session.add_subparsers(dest="session_command", required=True, metavar="ACTION")
-    new = with_json(command("new", cmd_session_new, "create a session and print a client configuration", ssub))
+
+def _session_commands(sub: Any) -> None:
+    group = _group(sub, "session", "create, list, change and end agent sessions")
+    new = _command(group, "new", cmd_session_new, "create a session and print a client configuration", json=True)
     new.add_argument("--project", default="default")
     new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
     new.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
@@ -223,27 +253,43 @@ def _parser() -> argparse.ArgumentParser:
     new.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
     new.add_argument("--ttl", type=int, help="lifetime in seconds")
     new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
-    with_json(command("list", cmd_session_list, "list live sessions", ssub))
-    end = with_json(command("end", cmd_session_end, "end a session and abort its in-flight calls", ssub))
+    _command(group, "list", cmd_session_list, "list live sessions", json=True)
+    end = _command(group, "end", cmd_session_end, "end a session and abort its in-flight calls", json=True)
     end.add_argument("session_id")
-    update = with_json(command("update", cmd_session_update, "change a session's mode or grant", ssub))
+    update = _command(group, "update", cmd_session_update, "change a session's mode or grant", json=True)
     update.add_argument("session_id")
     update.add_argument("--mode", choices=["default", "read-only", "bypass"])
     update.add_argument("--allow", action="append", metavar="PATTERN")
     update.add_argument("--network", action=argparse.BooleanOptionalAction, default=None)
 
-    routes = sub.add_parser("routes", help="list routes, rotate a route's token")
-    rsub = routes.add_subparsers(dest="routes_command", required=True, metavar="ACTION")
-    with_json(command("list", cmd_routes_list, "list mounted routes", rsub))
-    rotate = command("rotate", cmd_routes_rotate, "re-mint a route's token (aborts its in-flight requests)", rsub)
+
+def _access_commands(sub: Any) -> None:
+    routes = _group(sub, "routes", "list routes, rotate a route's token")
+    _command(routes, "list", cmd_routes_list, "list mounted routes", json=True)
+    rotate = _command(routes, "rotate", cmd_routes_rotate, "re-mint a route's token (aborts its in-flight requests)")
     rotate.add_argument("name")
 
-    audit = with_json(command("audit", cmd_audit, "print the audit log, follow it, or verify its chain"))
+    approvals = _group(sub, "approvals", "list, allow or deny tool calls waiting for approval")
+    pending = _command(approvals, "list", cmd_approvals_list, "pending approvals", json=True)
+    pending.add_argument("--all", action="store_true", help="also show used, denied and expired ones")
+    allow = _command(approvals, "allow", cmd_approvals_allow, "allow a pending call (once)", json=True)
+    allow.add_argument("approval_id")
+    allow.add_argument("--remember", choices=["session"], help="allow its group for the rest of the session")
+    deny = _command(approvals, "deny", cmd_approvals_deny, "deny a pending call", json=True)
+    deny.add_argument("approval_id")
+
+    audit = _command(sub, "audit", cmd_audit, "print the audit log, follow it, or verify its chain", json=True)
     audit.add_argument("--follow", action="store_true")
     audit.add_argument("--verify", action="store_true")
 
-    svc = command("service", cmd_service, "install or remove the background service (systemd/launchd)")
-    svc.add_argument("action", choices=["install", "uninstall"])
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sidecar", description="One safe local MCP endpoint for every agent.")
+    parser.add_argument("--version", action="version", version=f"sidecar {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _daemon_commands(sub)
+    _session_commands(sub)
+    _access_commands(sub)
     return parser
 
 

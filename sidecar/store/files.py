@@ -68,8 +68,13 @@ def open_private(path: Path) -> Iterator[BinaryIO]:
         if isinstance(exc, FileNotFoundError):
             raise
         raise StorageError(f"{path}: cannot open safely ({exc.strerror})") from exc
-    with os.fdopen(fd, "rb") as handle:
-        _check_descriptor(handle.fileno(), path)
+    try:
+        _check_descriptor(fd, path)  # before fdopen: a directory would make fdopen raise and leak fd
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
         yield handle
 
 

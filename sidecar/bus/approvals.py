@@ -1,0 +1,212 @@
+"""Human approvals for tool calls that ask (SPEC §6): pending, allowed once, remembered per group.
+
+A call that the decision answers with ``ask`` either gets a live answer (MCP elicitation, handled by
+the caller) or leaves a *pending approval* here, bound to the session, the tool and a digest of the
+exact arguments. ``sidecar approvals allow ID`` (or the control API) grants it; the client's retry
+with the same arguments then consumes it — once. ``allow ID --remember session`` instead remembers the
+approval's group for the rest of the session (billable groups: images ≠ video).
+
+``consume`` is synchronous: there is no await between checking an approval and spending it, so
+parallel retries of one approval run the tool at most once.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from sidecar.auth.encoding import b64url_encode
+from sidecar.errors import Conflict, NotFound
+
+__all__ = ["Approval", "ApprovalState", "ApprovalStore", "arguments_digest"]
+
+PENDING_TTL: Final = 600
+"""Seconds a pending or granted-but-unused approval lives (the MCP spec's bound on single-use state)."""
+MAX_PENDING_PER_SESSION: Final = 64
+"""Pending approvals one session may hold; the oldest is dropped beyond it."""
+
+
+class ApprovalState(enum.StrEnum):
+    PENDING = "pending"
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    USED = "used"
+    EXPIRED = "expired"
+
+
+def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
+    """SHA-256 of the canonical JSON of the arguments: the approval is for exactly these values."""
+    canonical = json.dumps(dict(arguments or {}), sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    id: str
+    session_id: str
+    tool: str
+    digest: str
+    kind: str
+    group: str | None
+    created_at: float
+    expires_at: float
+    state: ApprovalState = ApprovalState.PENDING
+
+    def public(self) -> dict[str, object]:
+        return {
+            "approval_id": self.id,
+            "session_id": self.session_id,
+            "tool": self.tool,
+            "arguments_digest": self.digest,
+            "kind": self.kind,
+            "group": self.group,
+            "state": self.state.value,
+            "created_at": int(self.created_at),
+            "expires_at": int(self.expires_at),
+        }
+
+
+ApprovalListener = Callable[[Approval, str], None]
+"""Called with (approval, event): ``requested``, ``allowed``, ``remembered``, ``denied``, ``used``."""
+
+
+class ApprovalStore:
+    """In memory, like sessions: approvals die with the daemon and with their session."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, ttl: float = PENDING_TTL) -> None:
+        self._approvals: dict[str, Approval] = {}
+        self._remembered: dict[str, set[str]] = {}
+        self._clock = clock
+        self._ttl = ttl
+        self._listeners: list[ApprovalListener] = []
+
+    def subscribe(self, listener: ApprovalListener) -> None:
+        self._listeners.append(listener)
+
+    def request(self, *, session_id: str, tool: str, digest: str, kind: str, group: str | None) -> Approval:
+        """The pending approval for this exact call, reusing one already waiting."""
+        now = self._clock()
+        self._expire(now)
+        for approval in self._approvals.values():
+            if (approval.session_id, approval.tool, approval.digest, approval.state) == (
+                session_id,
+                tool,
+                digest,
+                ApprovalState.PENDING,
+            ):
+                return approval
+        approval = Approval(
+            id="ap_" + b64url_encode(secrets.token_bytes(12)),
+            session_id=session_id,
+            tool=tool,
+            digest=digest,
+            kind=kind,
+            group=group,
+            created_at=now,
+            expires_at=now + self._ttl,
+        )
+        self._approvals[approval.id] = approval
+        self._cap(session_id)
+        self._emit(approval, "requested")
+        return approval
+
+    def allow(self, approval_id: str, *, remember: bool = False) -> Approval:
+        """Grant a pending approval (once), or remember its group for the session."""
+        approval = self._pending(approval_id)
+        if remember:
+            if approval.group is None:
+                raise Conflict("this approval cannot be remembered (its billing could not be verified)")
+            self._remembered.setdefault(approval.session_id, set()).add(approval.group)
+        granted = replace(approval, state=ApprovalState.ALLOWED)
+        self._approvals[approval_id] = granted
+        self._emit(granted, "remembered" if remember else "allowed")
+        return granted
+
+    def deny(self, approval_id: str) -> Approval:
+        denied = replace(self._pending(approval_id), state=ApprovalState.DENIED)
+        self._approvals[approval_id] = denied
+        self._emit(denied, "denied")
+        return denied
+
+    def remember(self, session_id: str, group: str) -> None:
+        """Remember a group for a session (an elicitation answer with 'remember' ticked)."""
+        self._remembered.setdefault(session_id, set()).add(group)
+
+    def consume(self, *, session_id: str, tool: str, digest: str, group: str | None) -> str | None:
+        """Spend a grant for this exact call: ``"remembered"``, ``"approved"``, or None (ask).
+
+        No await in here: parallel retries cannot both spend the same approval.
+        """
+        if group is not None and group in self._remembered.get(session_id, ()):
+            return "remembered"
+        now = self._clock()
+        for approval in list(self._approvals.values()):
+            if (
+                approval.state is ApprovalState.ALLOWED
+                and approval.session_id == session_id
+                and approval.tool == tool
+                and approval.digest == digest
+            ):
+                if approval.expires_at <= now:
+                    self._approvals[approval.id] = replace(approval, state=ApprovalState.EXPIRED)
+                    continue
+                used = replace(approval, state=ApprovalState.USED)
+                self._approvals[approval.id] = used
+                self._emit(used, "used")
+                return "approved"
+        return None
+
+    def list(self, *, session_id: str | None = None, pending_only: bool = True) -> list[Approval]:
+        self._expire(self._clock())
+        return sorted(
+            (
+                a
+                for a in self._approvals.values()
+                if (session_id is None or a.session_id == session_id)
+                and (not pending_only or a.state is ApprovalState.PENDING)
+            ),
+            key=lambda a: a.created_at,
+        )
+
+    def get(self, approval_id: str) -> Approval:
+        approval = self._approvals.get(approval_id)
+        if approval is None:
+            raise NotFound(f"no approval {approval_id!r}")
+        return approval
+
+    def forget_session(self, session_id: str) -> None:
+        self._remembered.pop(session_id, None)
+        for approval_id in [a.id for a in self._approvals.values() if a.session_id == session_id]:
+            del self._approvals[approval_id]
+
+    def _pending(self, approval_id: str) -> Approval:
+        self._expire(self._clock())
+        approval = self.get(approval_id)
+        if approval.state is not ApprovalState.PENDING:
+            raise Conflict(f"approval {approval_id} is {approval.state.value}, not pending")
+        return approval
+
+    def _expire(self, now: float) -> None:
+        for approval in list(self._approvals.values()):
+            if approval.expires_at <= now:
+                if approval.state in (ApprovalState.PENDING, ApprovalState.ALLOWED):
+                    self._approvals[approval.id] = replace(approval, state=ApprovalState.EXPIRED)
+                if approval.expires_at + self._ttl <= now:
+                    del self._approvals[approval.id]  # keep expired ones visible for one more ttl
+
+    def _cap(self, session_id: str) -> None:
+        pending = [
+            a for a in self._approvals.values() if a.session_id == session_id and a.state is ApprovalState.PENDING
+        ]
+        for old in sorted(pending, key=lambda a: a.created_at)[:-MAX_PENDING_PER_SESSION]:
+            del self._approvals[old.id]
+
+    def _emit(self, approval: Approval, event: str) -> None:
+        for listener in self._listeners:
+            listener(approval, event)
