@@ -5,7 +5,7 @@ facade — and every call asks again at execution time, so a grant that shrinks 
 call. Deny by default; each rule names itself in the decision, for the audit log.
 
 Order: the tool exists → HIGH is never exposed → the session's grant covers it → network if the tool
-needs it → the mode permits its risk → the billable gate (asks in every mode, ``bypass`` included) →
+needs it → its availability predicate → the mode permits its risk → the billable gate (asks in every mode, ``bypass`` included) →
 MEDIUM asks in ``default`` mode → allow. Listing and search never ask: a tool that would ask at call
 time is visible, and the question comes when it is called.
 """
@@ -49,7 +49,7 @@ FREE = Billing(billable=False)
 class Decision:
     verdict: Verdict
     rule: str
-    """Which rule decided: exists, risk-high, grant, network, mode, billable, confirm, allow."""
+    """Which rule decided: exists, risk-high, grant, network, unavailable, mode, billable, confirm, allow."""
     kind: str | None = None
     """For ``ask``: what kind of approval (``confirm`` for MEDIUM, the manifest's kind when billable)."""
     group: str | None = None
@@ -73,6 +73,13 @@ def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
     return False
 
 
+def _available(tool: ToolDef, session: Session) -> bool:
+    try:
+        return bool(tool.available(session)) if tool.available is not None else True
+    except Exception:
+        return False  # a predicate that fails hides the tool
+
+
 def decide(session: Session, tool: ToolDef | None, phase: Phase, billing: Billing = FREE) -> Decision:
     """Exists ∧ not HIGH ∧ granted ∧ network ∧ mode, then the questions: billable, then MEDIUM confirm."""
     if tool is None:
@@ -84,6 +91,8 @@ def decide(session: Session, tool: ToolDef | None, phase: Phase, billing: Billin
         return Decision(Verdict.DENY, "grant")
     if tool.needs_network and not session.network:
         return Decision(Verdict.DENY, "network")
+    if tool.available is not None and not _available(tool, session):
+        return Decision(Verdict.DENY, "unavailable")
     if tool.risk is Risk.MEDIUM and session.mode is Mode.READ_ONLY:
         return Decision(Verdict.DENY, "mode")
     if phase is not Phase.CALL:

@@ -11,9 +11,12 @@ import enum
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jsonschema import Draft202012Validator
+
+if TYPE_CHECKING:
+    from sidecar.auth.sessions import Session
 
 __all__ = [
     "CallContext",
@@ -87,6 +90,8 @@ class ToolDef:
     tags: frozenset[str] = frozenset()
     needs_network: bool = False
     defer_loading: bool = False
+    available: Callable[[Session], bool] | None = field(default=None, compare=False)
+    """Optional predicate over the session: False hides the tool (e.g. needs a workspace file)."""
     source: str = "builtin"
     server: str = "sidecar"
     validator: Draft202012Validator = field(compare=False, repr=False, default=None)  # type: ignore[assignment]
@@ -114,6 +119,7 @@ class ToolRegistry:
         tags: frozenset[str] = frozenset(),
         needs_network: bool = False,
         defer_loading: bool = False,
+        available: Callable[[Session], bool] | None = None,
     ) -> Callable[[ToolHandler], ToolHandler]:
         """Decorator registering an async handler as a tool."""
 
@@ -128,6 +134,7 @@ class ToolRegistry:
                 tags=tags,
                 needs_network=needs_network,
                 defer_loading=defer_loading,
+                available=available,
             )
             return handler
 
@@ -145,6 +152,7 @@ class ToolRegistry:
         tags: frozenset[str] = frozenset(),
         needs_network: bool = False,
         defer_loading: bool = False,
+        available: Callable[[Session], bool] | None = None,
     ) -> ToolDef:
         validate_tool_name(name)
         if name in self._tools:
@@ -163,6 +171,7 @@ class ToolRegistry:
             tags=tags,
             needs_network=needs_network,
             defer_loading=defer_loading,
+            available=available,
             validator=Draft202012Validator(schema),
         )
         self._tools[name] = definition

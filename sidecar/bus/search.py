@@ -18,11 +18,12 @@ Not ``rank-bm25``: it pulls numpy (+~20 MB RSS against an 80 MB idle budget) and
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 __all__ = ["MAX_LIMIT", "SearchIndex", "tokenize"]
 
@@ -65,6 +66,8 @@ _CAMEL: Final = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _ES_PLURALS: Final = ("sses", "xes", "ches", "shes")  # addresses, boxes, searches, pushes: drop "es"
 _NOT_PLURALS: Final = ("ss", "us", "is")  # access, status, analysis: keep the "s"
 
+_K = TypeVar("_K")
+
 
 def tokenize(text: str) -> list[str]:
     """The terms of ``text``, in order, as both documents and queries are indexed.
@@ -102,6 +105,8 @@ class _Document:
     """The name, casefolded, for the exact-name lookup."""
     name_terms: tuple[str, ...]
     """Distinct name terms, in order."""
+    name_set: frozenset[str]
+    """The same, as a set: the key into ``SearchIndex._name_sets``."""
 
 
 class SearchIndex:
@@ -117,6 +122,7 @@ class SearchIndex:
         self._documents: dict[str, _Document] = {}
         self._postings: dict[str, dict[str, float]] = {}
         self._names: dict[str, set[str]] = {}  # casefolded name → keys
+        self._name_sets: dict[frozenset[str], set[str]] = {}  # non-empty set of name terms → keys
         self._total_halves = 0
         # key → k1·(1 - b + b·dl/avgdl); depends on the average length, so any add/remove drops it and
         # the next search rebuilds it once (O(N)) instead of every search recomputing it per posting.
@@ -130,6 +136,8 @@ class SearchIndex:
 
     def add(self, key: str, *, name: str, description: str, parameters: Iterable[str] = ()) -> None:
         """Index a tool under ``key``, replacing whatever ``key`` held before."""
+        if isinstance(parameters, str):  # a str is an Iterable[str] of letters, all dropped as too short
+            raise TypeError("parameters must be an iterable of parameter names, not one string")
         self.remove(key)
         name_tokens = tokenize(name)
         halves: dict[str, int] = {}
@@ -144,8 +152,11 @@ class SearchIndex:
             self._postings.setdefault(term, {})[key] = count / 2  # exact: a half-integer
         length = sum(halves.values())
         folded = name.strip().casefold()
-        self._documents[key] = _Document(length, tuple(halves), folded, tuple(dict.fromkeys(name_tokens)))
+        name_set = frozenset(name_tokens)
+        self._documents[key] = _Document(length, tuple(halves), folded, tuple(dict.fromkeys(name_tokens)), name_set)
         self._names.setdefault(folded, set()).add(key)
+        if name_set:
+            self._name_sets.setdefault(name_set, set()).add(key)
         self._total_halves += length
         self._norms = None
 
@@ -159,10 +170,9 @@ class SearchIndex:
             del posting[key]
             if not posting:
                 del self._postings[term]
-        keys = self._names[document.name]
-        keys.discard(key)
-        if not keys:
-            del self._names[document.name]
+        _discard(self._names, document.name, key)
+        if document.name_set:
+            _discard(self._name_sets, document.name_set, key)
         self._total_halves -= document.halves
         self._norms = None
 
@@ -192,15 +202,13 @@ class SearchIndex:
             df = len(posting)
             idf = math.log(1 + (count - df + 0.5) / (df + 0.5))  # non-negative variant: never below 0
             ceiling += idf * saturation
+            get = scores.get
             for key, tf in posting.items():
-                scores[key] = scores.get(key, 0.0) + idf * tf * saturation / (tf + norms[key])
-        query_terms = frozenset(terms)
-        ranked: list[tuple[float, str]] = []
-        for key, score in scores.items():
-            name_terms = self._documents[key].name_terms
-            # A name match scores ceiling + a positive BM25 score: above every score without the bonus.
-            bonus = ceiling if name_terms and query_terms.issuperset(name_terms) else 0.0
-            ranked.append((-(score + bonus), key))
+                scores[key] = get(key, 0.0) + idf * tf * saturation / (tf + norms[key])
+        # A name match scores ceiling + a positive BM25 score: above every score without the bonus.
+        for key in self._name_matches(terms, scores):
+            scores[key] += ceiling
+        ranked = [(-score, key) for key, score in scores.items()]
         # A heap, not a sort: ``allowed`` may reject many, and only the popped ones are ever ordered.
         heapq.heapify(ranked)
         results: list[tuple[str, float]] = []
@@ -220,6 +228,20 @@ class SearchIndex:
             tokens.extend(self._documents[key].name_terms)
         return [term for term in dict.fromkeys(tokens) if term in self._postings]
 
+    def _name_matches(self, terms: list[str], candidates: dict[str, float]) -> list[str]:
+        """The keys whose name terms all appear in ``terms``, by whichever way is cheaper."""
+        if 1 << len(terms) <= len(candidates):
+            # Few query terms, many candidates (a term such as "mcp" is in every name): look up each
+            # subset of the query instead of testing every candidate.
+            return [
+                key
+                for size in range(1, len(terms) + 1)
+                for subset in itertools.combinations(terms, size)
+                for key in self._name_sets.get(frozenset(subset), ())
+            ]
+        query = frozenset(terms)
+        return [key for key in candidates if self._documents[key].name_set <= query]
+
     def _current_norms(self) -> dict[str, float]:
         if self._norms is None:
             # Only called with a matching term, so some document has a positive length.
@@ -227,3 +249,10 @@ class SearchIndex:
             k1, b = self._k1, self._b
             self._norms = {key: k1 * (1 - b + b * doc.halves / average) for key, doc in self._documents.items()}
         return self._norms
+
+
+def _discard(index: dict[_K, set[str]], entry: _K, key: str) -> None:
+    keys = index[entry]
+    keys.discard(key)
+    if not keys:
+        del index[entry]
