@@ -5,9 +5,9 @@ facade — and every call asks again at execution time, so a grant that shrinks 
 call. Deny by default; each rule names itself in the decision, for the audit log.
 
 Order: the tool exists → HIGH is never exposed → the session's grant covers it → network if the tool
-needs it → its availability predicate → the mode permits its risk → the billable gate (asks in every mode, ``bypass`` included) →
-MEDIUM asks in ``default`` mode → allow. Listing and search never ask: a tool that would ask at call
-time is visible, and the question comes when it is called.
+needs it → its availability predicate → the mode permits its risk → the billable gate (asks in every
+mode, ``bypass`` included) → MEDIUM asks in ``default`` mode → allow. Listing and search never ask: a
+tool that would ask at call time is visible, and the question comes when it is called.
 """
 
 from __future__ import annotations
