@@ -19,6 +19,7 @@ from aiohttp import web
 from sidecar.appkeys import (
     APPROVALS,
     AUDIT,
+    BILLING,
     HUB,
     INFLIGHT,
     PATHS,
@@ -71,13 +72,14 @@ def build_app(
     sessions = SessionStore(inflight, default_ttl=settings.sessions.default_ttl, max_ttl=settings.sessions.max_ttl)
     registry = install_builtins(registry or ToolRegistry(), notes_dir=paths.data / "notes")
     approvals = ApprovalStore()
+    billing = BillingGate(billing_sources(settings, paths))
     tools = ToolService(
         registry,
         sessions=sessions,
         audit=audit,
         inflight=inflight,
         approvals=approvals,
-        billing=BillingGate(billing_sources(settings, paths)),
+        billing=billing,
         defer=DeferPolicy(
             tools=frozenset(settings.tools.defer),
             sources=frozenset(settings.tools.defer_sources),
@@ -115,13 +117,10 @@ def build_app(
     app[TOOLS] = tools
     app[HUB] = hub
     app[APPROVALS] = approvals
+    app[BILLING] = billing
 
     sessions.subscribe(_SessionEvents(audit, hub, approvals))
-
-    def audit_approval(approval: Approval, event: str) -> None:
-        audit.append(f"approval.{event}", **_approval_fields(approval))
-
-    approvals.subscribe(audit_approval)
+    approvals.subscribe(lambda approval, event: _audit_approval(audit, approval, event))
 
     async def mcp(request: web.Request) -> web.StreamResponse:
         return await endpoint.handle(request, request[PRINCIPAL])
@@ -134,6 +133,21 @@ def build_app(
     app.router.add_route("*", "/mcp", mcp)
     RestFacade(registry=registry, tools=tools, sessions=sessions, limits=settings.limits).add_routes(app)
     add_control_routes(app)
+
+    _add_lifecycle(app, audit=audit, endpoint=endpoint, routes=routes, sessions=sessions, runtime=runtime)
+    return app
+
+
+def _add_lifecycle(
+    app: web.Application,
+    *,
+    audit: AuditLog,
+    endpoint: McpEndpoint,
+    routes: RouteRegistry,
+    sessions: SessionStore,
+    runtime: Runtime,
+) -> None:
+    """Start-up and teardown, in dependency order (teardown runs in reverse)."""
 
     async def audit_ctx(app: web.Application) -> AsyncIterator[None]:
         audit.append("daemon.start", pid=runtime.pid)
@@ -159,7 +173,6 @@ def build_app(
 
     app.cleanup_ctx.extend([audit_ctx, manager_ctx, routes_ctx])
     app.on_shutdown.append(revoke_all)
-    return app
 
 
 def billing_sources(settings: Settings, paths: Paths) -> list[ManifestSource]:
@@ -174,6 +187,10 @@ def billing_sources(settings: Settings, paths: Paths) -> list[ManifestSource]:
 def _audit_route(audit: AuditLog, name: str, event: str) -> None:
     kind = {"registered": "token.mint", "rotated": "token.mint", "unregistered": "token.revoke"}[event]
     audit.append(kind, route=name, reason=event)
+
+
+def _audit_approval(audit: AuditLog, approval: Approval, event: str) -> None:
+    audit.append(f"approval.{event}", **_approval_fields(approval))
 
 
 def _approval_fields(approval: Approval) -> dict[str, object]:

@@ -17,6 +17,7 @@ from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
 from sidecar.bus.approvals import ApprovalStore
+from sidecar.bus.billing import BillingGate
 from sidecar.bus.mcp import ChangeHub
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.tools import ToolService
@@ -27,6 +28,7 @@ from sidecar.store.audit import AuditLog
 __all__ = [
     "APPROVALS",
     "AUDIT",
+    "BILLING",
     "HUB",
     "INFLIGHT",
     "PATHS",
@@ -66,3 +68,4 @@ REGISTRY = web.AppKey("registry", ToolRegistry)
 TOOLS = web.AppKey("tools", ToolService)
 HUB = web.AppKey("hub", ChangeHub)
 APPROVALS = web.AppKey("approvals", ApprovalStore)
+BILLING = web.AppKey("billing", BillingGate)

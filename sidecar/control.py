@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
-from sidecar.appkeys import APPROVALS, AUDIT, ROUTES, RUNTIME, SESSIONS, SETTINGS
+from sidecar.appkeys import APPROVALS, AUDIT, BILLING, ROUTES, RUNTIME, SESSIONS, SETTINGS
 from sidecar.auth.routes import PROXY_ROUTE
 from sidecar.errors import RequestRejected
 from sidecar.http import json_response
@@ -76,6 +76,8 @@ async def status(request: web.Request) -> web.Response:
             "routes": [r.name for r in app[ROUTES].list()],
             "connectors": [],
             "storage": {"credentials": "none stored yet", "insecure": False},
+            "pending_approvals": len(app[APPROVALS].list()),
+            "billing_problems": app[BILLING].problems(),
         }
     )
 

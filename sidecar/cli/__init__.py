@@ -62,7 +62,10 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
         f"  sessions:   {status['sessions']}\n"
         f"  routes:     {', '.join(status['routes']) or '-'}\n"
         f"  connectors: {len(status['connectors'])}\n"
-        f"  storage:    {status['storage']['credentials']}" + (" (INSECURE)" if status["storage"]["insecure"] else "")
+        f"  storage:    {status['storage']['credentials']}"
+        + (" (INSECURE)" if status["storage"]["insecure"] else "")
+        + f"\n  approvals:  {status['pending_approvals']} pending"
+        + "".join(f"\n  BILLING MANIFEST PROBLEM (billable checks ask): {p}" for p in status["billing_problems"])
     )
     _print(args, status, text)
     return 0
