@@ -157,12 +157,21 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
     def live_session(ctx: ServerRequestContext[Any, Any]) -> Session | None:
         return sessions.alive(_principal(ctx).session_id)
 
+    converted: dict[str, tuple[ToolDef, types.Tool]] = {}
+
+    def as_mcp(tool: ToolDef) -> types.Tool:
+        # ToolDef is frozen, so its MCP form only changes when the definition does: convert once.
+        cached = converted.get(tool.name)
+        if cached is None or cached[0] is not tool:
+            cached = converted[tool.name] = (tool, _tool_to_mcp(tool))
+        return cached[1]
+
     async def on_list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         session = live_session(ctx)
         listed = tools.listed(session) if session is not None else []
-        return types.ListToolsResult(tools=[_tool_to_mcp(t) for t in listed])
+        return types.ListToolsResult(tools=[as_mcp(t) for t in listed])
 
     async def on_call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams

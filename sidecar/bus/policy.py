@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 from sidecar.auth.sessions import Mode, Session
 from sidecar.bus.registry import Risk, ToolDef
@@ -60,17 +61,21 @@ class Decision:
         return self.verdict is Verdict.ALLOW
 
 
-_UNKNOWN = Decision(Verdict.DENY, "exists")
+# The fixed outcomes are shared constants: list and search decide once per tool in the pool.
+_UNKNOWN: Final = Decision(Verdict.DENY, "exists")
+_HIGH: Final = Decision(Verdict.DENY, "risk-high")
+_NOT_GRANTED: Final = Decision(Verdict.DENY, "grant")
+_NO_NETWORK: Final = Decision(Verdict.DENY, "network")
+_UNAVAILABLE: Final = Decision(Verdict.DENY, "unavailable")
+_MODE: Final = Decision(Verdict.DENY, "mode")
+_ALLOW: Final = Decision(Verdict.ALLOW, "allow")
 
 
 def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
     """``*``, an exact name, or ``mcp__<server>__*`` for a connector's tools."""
-    for pattern in patterns:
-        if pattern in {"*", tool.name}:
-            return True
-        if tool.source != "builtin" and pattern == f"mcp__{tool.server}__*":
-            return True
-    return False
+    if "*" in patterns or tool.name in patterns:
+        return True
+    return tool.source != "builtin" and f"mcp__{tool.server}__*" in patterns
 
 
 def _available(tool: ToolDef, session: Session) -> bool:
@@ -86,20 +91,20 @@ def decide(session: Session, tool: ToolDef | None, phase: Phase, billing: Billin
         return _UNKNOWN
     if tool.risk is Risk.HIGH:
         # SECURITY: HIGH tools are never listed, searchable or callable, whatever the session says.
-        return Decision(Verdict.DENY, "risk-high")
+        return _HIGH
     if not pattern_allows(session.allow, tool):
-        return Decision(Verdict.DENY, "grant")
+        return _NOT_GRANTED
     if tool.needs_network and not session.network:
-        return Decision(Verdict.DENY, "network")
+        return _NO_NETWORK
     if tool.available is not None and not _available(tool, session):
-        return Decision(Verdict.DENY, "unavailable")
+        return _UNAVAILABLE
     if tool.risk is Risk.MEDIUM and session.mode is Mode.READ_ONLY:
-        return Decision(Verdict.DENY, "mode")
+        return _MODE
     if phase is not Phase.CALL:
-        return Decision(Verdict.ALLOW, "allow")
+        return _ALLOW
     if billing.billable:
         # SECURITY: the billable gate asks in every mode, bypass included (SPEC §6).
         return Decision(Verdict.ASK, "billable", kind=billing.kind or "billable", group=billing.group)
     if tool.risk is Risk.MEDIUM and session.mode is Mode.DEFAULT:
         return Decision(Verdict.ASK, "confirm", kind="confirm", group=f"tool:{tool.name}")
-    return Decision(Verdict.ALLOW, "allow")
+    return _ALLOW

@@ -12,6 +12,7 @@ live session record: a grant that shrank or a session that ended while a questio
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -146,6 +147,11 @@ class ToolService:
         """Every tool this session may see (listed or deferred), in registration order."""
         return [t for t in self._registry if decide(session, t, phase).verdict is not Verdict.DENY]
 
+    def _pool_size(self, session: Session, *, cap: int) -> int:
+        """How many tools the session may see, counting no further than ``cap`` (enough for auto-defer)."""
+        visible = (t for t in self._registry if decide(session, t, Phase.LIST).verdict is not Verdict.DENY)
+        return sum(1 for _ in itertools.islice(visible, cap))
+
     def listed(self, session: Session) -> list[ToolDef]:
         """What ``tools/list`` shows: the visible tools that are not deferred."""
         pool = self.visible(session)
@@ -160,7 +166,7 @@ class ToolService:
     def search(self, session: Session, query: str, limit: int = 10) -> list[ToolDef]:
         """Rank this session's *allowed, deferred* tools for ``query`` (BM25); others never appear."""
         self._refresh_index()
-        pool_size = len(self.visible(session))
+        pool_size = self._pool_size(session, cap=self._defer.auto_above + 1)
 
         def allowed(name: str) -> bool:
             tool = self._registry.get(name)
