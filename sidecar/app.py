@@ -20,6 +20,7 @@ from sidecar.appkeys import (
     APPROVALS,
     AUDIT,
     BILLING,
+    CONNECTORS,
     HUB,
     INFLIGHT,
     PATHS,
@@ -44,18 +45,22 @@ from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.rest import RestFacade
 from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
+from sidecar.connectors.manager import ConnectorManager
 from sidecar.control import add_control_routes
 from sidecar.http import error_middleware, json_response
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.trust import TrustStore
 
 __all__ = ["build_app"]
 
 logger = logging.getLogger(__name__)
 
-SHIPPED_BILLING: Final = Path(__file__).resolve().parents[1] / "config" / "high-credit-tools.json"
-"""The repo's manifest for built-in tools (the daemon runs from its checkout: scripts/run)."""
+REPO: Final = Path(__file__).resolve().parents[1]
+"""The checkout the daemon runs from (scripts/run): its config/ and connectors/ ship with the code."""
+SHIPPED_BILLING: Final = REPO / "config" / "high-credit-tools.json"
+SHIPPED_CONNECTORS: Final = REPO / "connectors"
 
 
 def build_app(
@@ -70,7 +75,22 @@ def build_app(
     audit = AuditLog(paths.audit_file)
     routes = RouteRegistry(inflight, on_event=lambda name, event: _audit_route(audit, name, event))
     sessions = SessionStore(inflight, default_ttl=settings.sessions.default_ttl, max_ttl=settings.sessions.max_ttl)
-    registry = install_builtins(registry or ToolRegistry(), notes_dir=paths.data / "notes")
+    trust = TrustStore(
+        paths.state / "approvals.json", on_event=lambda event, fields: _audit_event(audit, event, fields)
+    )
+    connectors = ConnectorManager(
+        package_dirs=[SHIPPED_CONNECTORS, paths.data / "connectors"],
+        user_config=paths.config / "mcp.json",
+        plugins_dir=paths.data / "plugins",
+        install_dir=paths.data / "connectors",
+        trust=trust,
+    )
+    connectors.refresh()
+    registry = install_builtins(
+        registry or ToolRegistry(),
+        notes_dir=paths.data / "notes",
+        connectors=lambda session_id: [c.public() for c in connectors.trusted()],
+    )
     approvals = ApprovalStore()
     billing = BillingGate(billing_sources(settings, paths))
     tools = ToolService(
@@ -118,6 +138,7 @@ def build_app(
     app[HUB] = hub
     app[APPROVALS] = approvals
     app[BILLING] = billing
+    app[CONNECTORS] = connectors
 
     sessions.subscribe(_SessionEvents(audit, hub, approvals))
     approvals.subscribe(lambda approval, event: _audit_approval(audit, approval, event))
@@ -187,6 +208,10 @@ def billing_sources(settings: Settings, paths: Paths) -> list[ManifestSource]:
 def _audit_route(audit: AuditLog, name: str, event: str) -> None:
     kind = {"registered": "token.mint", "rotated": "token.mint", "unregistered": "token.revoke"}[event]
     audit.append(kind, route=name, reason=event)
+
+
+def _audit_event(audit: AuditLog, event: str, fields: dict[str, object]) -> None:
+    audit.append(event, **fields)
 
 
 def _audit_approval(audit: AuditLog, approval: Approval, event: str) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
-from sidecar.appkeys import APPROVALS, AUDIT, BILLING, ROUTES, RUNTIME, SESSIONS, SETTINGS
+from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTIME, SESSIONS, SETTINGS
 from sidecar.auth.routes import PROXY_ROUTE
 from sidecar.errors import RequestRejected
 from sidecar.http import json_response
@@ -74,7 +75,8 @@ async def status(request: web.Request) -> web.Response:
             "uptime_seconds": round(time.time() - runtime.started_at, 1),
             "sessions": len(sessions),
             "routes": [r.name for r in app[ROUTES].list()],
-            "connectors": [],
+            "connectors": [c.public() for c in app[CONNECTORS].list()],
+            "connector_problems": [str(p) for p in app[CONNECTORS].problems],
             "storage": {"credentials": "none stored yet", "insecure": False},
             "pending_approvals": len(app[APPROVALS].list()),
             "billing_problems": app[BILLING].problems(),
@@ -166,6 +168,40 @@ async def deny_approval(request: web.Request) -> web.Response:
     return json_response(request.app[APPROVALS].deny(request.match_info["approval_id"]).public())
 
 
+class InstallRequest(_Body):
+    path: str
+
+
+async def list_connectors(request: web.Request) -> web.Response:
+    manager = request.app[CONNECTORS]
+    manager.refresh()
+    return json_response(
+        {"connectors": [c.public() for c in manager.list()], "problems": [str(p) for p in manager.problems]}
+    )
+
+
+async def show_connector(request: web.Request) -> web.Response:
+    manager = request.app[CONNECTORS]
+    manager.refresh()
+    return json_response(manager.get(request.match_info["connector_id"]).public(detail=True))
+
+
+async def trust_connector(request: web.Request) -> web.Response:
+    connector = request.app[CONNECTORS].trust(request.match_info["connector_id"])
+    return json_response(connector.public(detail=True))
+
+
+async def untrust_connector(request: web.Request) -> web.Response:
+    connector = request.app[CONNECTORS].untrust(request.match_info["connector_id"])
+    return json_response(connector.public(detail=True))
+
+
+async def install_connector(request: web.Request) -> web.Response:
+    spec = await _parse(request, InstallRequest)
+    connector = request.app[CONNECTORS].install(Path(spec.path))
+    return json_response(connector.public(detail=True), status=201)
+
+
 def add_control_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/control/status", status)
@@ -177,6 +213,11 @@ def add_control_routes(app: web.Application) -> None:
     r.add_delete("/control/sessions/{session_id}", end_session)
     r.add_get("/control/routes", list_routes)
     r.add_post("/control/routes/{name}/rotate", rotate_route)
+    r.add_get("/control/connectors", list_connectors)
+    r.add_post("/control/connectors/install", install_connector)
+    r.add_get("/control/connectors/{connector_id}", show_connector)
+    r.add_post("/control/connectors/{connector_id}/trust", trust_connector)
+    r.add_post("/control/connectors/{connector_id}/untrust", untrust_connector)
     r.add_get("/control/approvals", list_approvals)
     r.add_post("/control/approvals/{approval_id}/allow", allow_approval)
     r.add_post("/control/approvals/{approval_id}/deny", deny_approval)

@@ -18,6 +18,7 @@ LAYERS = {
     "sidecar.net": 3,
     "sidecar.auth": 4,
     "sidecar.bus": 5,
+    "sidecar.connectors": 5,
     "sidecar.appkeys": 6,
     "sidecar.control": 7,
     "sidecar.service": 7,

@@ -124,7 +124,6 @@ class AsgiExchange:
             self._gone.set()
 
 
-
 class DisconnectWatcher:
     """One task for all open exchanges, polling their transports (aiohttp has no disconnect callback).
 

@@ -55,13 +55,14 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     status = _client(paths).call("GET", "/control/status")
+    connectors = ", ".join("{} ({})".format(c["id"], c["state"]) for c in status["connectors"]) or "-"
     text = (
         f"sidecar {status['version']} running (pid {status['pid']})\n"
         f"  url:        {status['url']}\n"
         f"  uptime:     {status['uptime_seconds']:.0f}s\n"
         f"  sessions:   {status['sessions']}\n"
         f"  routes:     {', '.join(status['routes']) or '-'}\n"
-        f"  connectors: {len(status['connectors'])}\n"
+        f"  connectors: {connectors}\n"
         f"  storage:    {status['storage']['credentials']}"
         + (" (INSECURE)" if status["storage"]["insecure"] else "")
         + f"\n  approvals:  {status['pending_approvals']} pending"
@@ -143,6 +144,39 @@ def cmd_routes_list(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_routes_rotate(args: argparse.Namespace, paths: Paths) -> int:
     _client(paths).call("POST", f"/control/routes/{args.name}/rotate")
     print(f"rotated the token of {args.name}; its in-flight requests were aborted. Issue new sessions.")
+    return 0
+
+
+def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
+    found = _client(paths).call("GET", "/control/connectors")
+    lines = [f"{c['id']:<24} {c['state']:<13} {c['kind']:<8} {c['transport']}" for c in found["connectors"]]
+    lines += [f"problem: {p}" for p in found["problems"]]
+    _print(args, found, "\n".join(lines) or "no connectors configured")
+    return 0
+
+
+def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
+    c = _client(paths).call("GET", f"/control/connectors/{args.connector_id}")
+    text = "\n".join(f"{k:<12} {v}" for k, v in c.items() if v not in (None, [], {}))
+    _print(args, c, text)
+    return 0
+
+
+def cmd_connectors_trust(args: argparse.Namespace, paths: Paths) -> int:
+    c = _client(paths).call("POST", f"/control/connectors/{args.connector_id}/trust")
+    _print(args, c, f"trusted {c['id']} as it is now ({c['trust_key']}); any edit to it needs trust again")
+    return 0
+
+
+def cmd_connectors_untrust(args: argparse.Namespace, paths: Paths) -> int:
+    c = _client(paths).call("POST", f"/control/connectors/{args.connector_id}/untrust")
+    _print(args, c, f"untrusted {c['id']}")
+    return 0
+
+
+def cmd_connectors_install(args: argparse.Namespace, paths: Paths) -> int:
+    c = _client(paths).call("POST", "/control/connectors/install", {"path": str(Path(args.path).absolute())})
+    _print(args, c, f"installed {c['id']} from {args.path}; review it, then: sidecar connectors trust {c['id']}")
     return 0
 
 
@@ -266,6 +300,19 @@ def _session_commands(sub: Any) -> None:
     update.add_argument("--network", action=argparse.BooleanOptionalAction, default=None)
 
 
+def _connector_commands(sub: Any) -> None:
+    group = _group(sub, "connectors", "list, inspect, trust, untrust and install connectors (MCP servers)")
+    _command(group, "list", cmd_connectors_list, "every connector and its state", json=True)
+    for name, handler, help_text in (
+        ("show", cmd_connectors_show, "one connector in detail (launch config, trust key, tool risks)"),
+        ("trust", cmd_connectors_trust, "trust a connector as it is configured now"),
+        ("untrust", cmd_connectors_untrust, "withdraw trust: its processes stop and its tools leave every session"),
+    ):
+        _command(group, name, handler, help_text, json=True).add_argument("connector_id")
+    install = _command(group, "install", cmd_connectors_install, "validate and install a connector package", json=True)
+    install.add_argument("path")
+
+
 def _access_commands(sub: Any) -> None:
     routes = _group(sub, "routes", "list routes, rotate a route's token")
     _command(routes, "list", cmd_routes_list, "list mounted routes", json=True)
@@ -292,6 +339,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _daemon_commands(sub)
     _session_commands(sub)
+    _connector_commands(sub)
     _access_commands(sub)
     return parser
 

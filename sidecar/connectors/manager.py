@@ -1,0 +1,217 @@
+"""The connector manager: every MCP server sidecar knows of, its trust state, and what the user does to it.
+
+Sources (SPEC §5): packages in the repo's ``connectors/`` and ``<data>/connectors/``, the user's
+``<config>/mcp.json``, plugins in ``<data>/plugins/``. Each is keyed ``<id>::<sha256>`` over its launch
+config (and package files); trust lives in ``<state>/approvals.json``. Nothing untrusted is spawned or
+listed, and a config whose hash changed since it was trusted is ``disconnected`` until trusted again.
+
+Lifecycle (``ConnectorState``): ``configured`` (found, never trusted) → ``disconnected`` (trusted once,
+but its config or package changed) → ``trusted`` → ``connected`` (a process of it is running), plus
+``error`` and ``unauthorized`` (OAuth connectors without credentials).
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sidecar.connectors.manifests import ConnectorSpec, ManifestProblem, discover, load_package
+from sidecar.connectors.trustkey import trust_key
+from sidecar.errors import Conflict, NotFound, RequestRejected, SidecarError
+from sidecar.store.files import ensure_private_dir
+from sidecar.store.trust import TrustStore
+
+__all__ = ["Connector", "ConnectorManager", "ConnectorState"]
+
+logger = logging.getLogger(__name__)
+
+
+class ConnectorState(enum.StrEnum):
+    CONFIGURED = "configured"
+    DISCONNECTED = "disconnected"
+    TRUSTED = "trusted"
+    CONNECTED = "connected"
+    ERROR = "error"
+    UNAUTHORIZED = "unauthorized"
+
+
+@dataclass(slots=True)
+class Connector:
+    spec: ConnectorSpec
+    key: str
+    state: ConnectorState
+    error: str | None = None
+    running: int = 0
+    """Processes of this connector alive right now (all sessions)."""
+    tool_drift: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def trusted(self) -> bool:
+        return self.state in (ConnectorState.TRUSTED, ConnectorState.CONNECTED)
+
+    def public(self, *, detail: bool = False) -> dict[str, object]:
+        launch = self.spec.launch
+        body: dict[str, object] = {
+            "id": self.id,
+            "name": self.spec.name,
+            "kind": self.spec.kind,
+            "state": self.state.value,
+            "transport": launch.transport,
+            "error": self.error,
+            "running": self.running,
+        }
+        if detail:
+            body.update(
+                {
+                    "description": self.spec.description,
+                    "version": self.spec.version,
+                    "examples": list(self.spec.examples),
+                    "origin": str(self.spec.origin),
+                    "trust_key": self.key,
+                    "command": [launch.command, *launch.args] if launch.command else None,
+                    "env_keys": sorted(launch.env),
+                    "cwd": launch.cwd,
+                    "url": launch.url,
+                    "tool_risks": dict(self.spec.tool_risks),
+                    "oauth": self.spec.oauth is not None,
+                    "tool_drift": dict(self.tool_drift),
+                }
+            )
+        return body
+
+
+ChangeListener = Callable[[Connector, str], None]
+"""Called with (connector, event): ``trusted``, ``untrusted``, ``changed`` (its trust key moved)."""
+
+
+class ConnectorManager:
+    """Discovers connectors and keeps their trust state; ``refresh()`` re-reads every source."""
+
+    def __init__(
+        self,
+        *,
+        package_dirs: list[Path],
+        user_config: Path,
+        plugins_dir: Path,
+        install_dir: Path,
+        trust: TrustStore,
+    ) -> None:
+        self._package_dirs = package_dirs
+        self._user_config = user_config
+        self._plugins_dir = plugins_dir
+        self._install_dir = install_dir
+        self._trust = trust
+        self._connectors: dict[str, Connector] = {}
+        self.problems: list[ManifestProblem] = []
+        self._listeners: list[ChangeListener] = []
+
+    def subscribe(self, listener: ChangeListener) -> None:
+        self._listeners.append(listener)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Re-read every source and recompute each connector's key and state."""
+        specs, problems = discover(
+            package_dirs=self._package_dirs, user_config=self._user_config, plugins_dir=self._plugins_dir
+        )
+        previous = self._connectors
+        fresh: dict[str, Connector] = {}
+        for spec in specs:
+            try:
+                key = trust_key(spec)
+            except SidecarError as exc:
+                problems.append(ManifestProblem(spec.origin, str(exc)))
+                continue
+            old = previous.get(spec.id)
+            connector = Connector(spec=spec, key=key, state=self._state_for(spec.id, key))
+            if old is not None:
+                connector.running = old.running
+                connector.tool_drift = old.tool_drift if old.key == key else {}
+                if old.key != key and old.trusted:
+                    logger.warning("connector %s changed since it was trusted; it needs trust again", spec.id)
+                    self._emit(connector, "changed")
+            fresh[spec.id] = connector
+        for gone in previous.keys() - fresh.keys():
+            if previous[gone].trusted:
+                self._emit(previous[gone], "changed")
+        self._connectors = fresh
+        self.problems = problems
+        for problem in problems:
+            logger.warning("connector manifest refused: %s", problem)
+
+    def _state_for(self, connector_id: str, key: str) -> ConnectorState:
+        if self._trust.is_trusted(key):
+            return ConnectorState.TRUSTED
+        if connector_id in self._trust.names():
+            return ConnectorState.DISCONNECTED
+        return ConnectorState.CONFIGURED
+
+    def list(self) -> list[Connector]:
+        return sorted(self._connectors.values(), key=lambda c: c.id)
+
+    def get(self, connector_id: str) -> Connector:
+        connector = self._connectors.get(connector_id)
+        if connector is None:
+            raise NotFound(f"no connector {connector_id!r} (see: sidecar connectors list)")
+        return connector
+
+    def trusted(self) -> builtins.list[Connector]:
+        return [c for c in self.list() if c.trusted]
+
+    # -- what the user does --------------------------------------------------------------------
+
+    def trust(self, connector_id: str) -> Connector:
+        """Trust the connector's *current* config (and package files); a later edit needs trust again."""
+        self.refresh()  # SECURITY: trust what is on disk now, not what was read at start
+        connector = self.get(connector_id)
+        self._trust.trust(connector.key, name=connector.id)
+        connector.state = ConnectorState.TRUSTED
+        connector.tool_drift = {}
+        self._emit(connector, "trusted")
+        return connector
+
+    def untrust(self, connector_id: str) -> Connector:
+        connector = self.get(connector_id)
+        self._trust.untrust(connector.id)
+        was_trusted = connector.trusted
+        connector.state = ConnectorState.CONFIGURED
+        if was_trusted:
+            self._emit(connector, "untrusted")
+        return connector
+
+    def install(self, source: Path) -> Connector:
+        """Validate a package directory and copy it to ``<data>/connectors/<id>``; it still needs trust."""
+        source = source.expanduser().resolve()
+        if not source.is_dir():
+            raise RequestRejected(f"{source} is not a directory")
+        spec = load_package(source)  # ConfigError names the file and field
+        target = self._install_dir / spec.id
+        if target.exists() or spec.id in self._connectors:
+            raise Conflict(
+                f"a connector named {spec.id!r} already exists ({target if target.exists() else 'configured'})"
+            )
+        ensure_private_dir(self._install_dir)
+        staging = self._install_dir / f".{spec.id}.installing"
+        if staging.exists():
+            shutil.rmtree(staging)
+        shutil.copytree(source, staging, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", ".git"))
+        staging.rename(target)
+        self.refresh()
+        return self.get(spec.id)
+
+    def _emit(self, connector: Connector, event: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(connector, event)
+            except Exception:
+                logger.exception("connector listener failed on %s", event)

@@ -1,0 +1,132 @@
+"""Trust pinned to content: the key an approval is recorded under (SPEC §5, users.md §4 item 1).
+
+``trust_key(spec)`` is ``<id>::<sha256>`` over the canonical launch config and, for packages and plugins,
+the digest of every file in the connector's directory. Any change to the command, the args, the env *keys*,
+the cwd, the url, the header *names* or a package file changes the key, so an approval given to one
+config never carries over to another (the swapped-config attack of Cursor's CVE-2025-54136). Env and
+header *values* are left out on purpose: they hold secrets the user rotates, and rotating a token must not
+revoke trust.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Final
+
+from sidecar.connectors.manifests import ConnectorSpec
+from sidecar.errors import ConfigError
+
+__all__ = ["MAX_PACKAGE_BYTES", "MAX_PACKAGE_FILES", "canonical_launch", "package_digest", "trust_key"]
+
+MAX_PACKAGE_FILES: Final = 10_000
+MAX_PACKAGE_BYTES: Final = 200 * 1024 * 1024  # 200 MiB: a connector is code, not a data set
+_SKIPPED_DIRS: Final = frozenset({"__pycache__", ".git", "node_modules"})
+_SKIPPED_SUFFIXES: Final = (".pyc",)
+_CHUNK: Final = 1024 * 1024
+
+
+def _canonical(value: object) -> bytes:
+    # ensure_ascii: one byte string for one value, whatever the characters (and no lone-surrogate errors).
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def canonical_launch(spec: ConnectorSpec) -> bytes:
+    """The launch config as canonical JSON: sorted keys, no spaces, env and header names without values."""
+    launch = spec.launch
+    return _canonical(
+        {
+            "transport": launch.transport,
+            "command": launch.command,
+            "args": list(launch.args),
+            "env_keys": sorted(launch.env),
+            "cwd": launch.cwd,
+            "url": launch.url,
+            "header_keys": sorted(launch.headers),
+        }
+    )
+
+
+def _file_sha256(path: Path, budget: int) -> tuple[str, int]:
+    """(hex digest, bytes read) of one regular file, opened without following a link swapped in."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read package file ({exc.strerror})") from exc
+    digest = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ConfigError(f"{path}: changed into something other than a regular file while hashed")
+        while chunk := handle.read(_CHUNK):
+            size += len(chunk)
+            if size > budget:
+                raise ConfigError(f"{path}: the package is larger than {MAX_PACKAGE_BYTES} bytes")
+            digest.update(chunk)
+    return digest.hexdigest(), size
+
+
+def _record(path: Path, root: Path, info: os.stat_result, budget: int) -> tuple[tuple[str, str, str, bool], int]:
+    """(relative path, kind, sha256, executable) of one non-directory entry, and the bytes it read."""
+    rel = path.relative_to(root).as_posix()
+    if stat.S_ISLNK(info.st_mode):
+        target = os.fsencode(os.readlink(path))
+        return (rel, "link", hashlib.sha256(target).hexdigest(), False), 0
+    if stat.S_ISREG(info.st_mode):
+        digest, size = _file_sha256(path, budget)
+        return (rel, "file", digest, bool(info.st_mode & 0o111)), size
+    raise ConfigError(f"{path}: not a regular file, directory or symlink; remove it from the package")
+
+
+def package_digest(root: Path) -> str:
+    """sha256 over every file under ``root``: sorted (relative posix path, kind, sha256, executable bit).
+
+    Skips ``__pycache__/``, ``.git/``, ``node_modules/`` and ``*.pyc``. A symlink counts as its link text
+    and is never followed; a FIFO, socket or device is refused (its content is not fixed). Bounded:
+    more than ``MAX_PACKAGE_FILES`` files (or directories) or ``MAX_PACKAGE_BYTES`` raise ``ConfigError``,
+    as does anything unreadable. Empty directories do not count.
+    """
+    records: list[tuple[str, str, str, bool]] = []
+    total = 0
+    pending = [root]
+    directories = 0
+    while pending:
+        directory = pending.pop()
+        directories += 1
+        if directories > MAX_PACKAGE_FILES:
+            raise ConfigError(f"{root}: the package has more than {MAX_PACKAGE_FILES} directories")
+        try:
+            with os.scandir(directory) as listing:
+                children = sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            raise ConfigError(f"{directory}: cannot list package directory ({exc.strerror})") from exc
+        for entry in children:
+            path = Path(entry.path)
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode):
+                    if entry.name not in _SKIPPED_DIRS:
+                        pending.append(path)
+                    continue
+                if entry.name.endswith(_SKIPPED_SUFFIXES):
+                    continue
+                if len(records) >= MAX_PACKAGE_FILES:
+                    raise ConfigError(f"{root}: the package has more than {MAX_PACKAGE_FILES} files")
+                record, size = _record(path, root, info, MAX_PACKAGE_BYTES - total)
+            except OSError as exc:
+                raise ConfigError(f"{path}: cannot read package file ({exc.strerror})") from exc
+            records.append(record)
+            total += size
+    records.sort()
+    return hashlib.sha256(_canonical(records)).hexdigest()
+
+
+def trust_key(spec: ConnectorSpec) -> str:
+    """``<id>::<sha256>`` of the canonical launch config, plus the package digest for packages and plugins."""
+    digest = hashlib.sha256(canonical_launch(spec))
+    if spec.kind in ("package", "plugin") and spec.root is not None:
+        digest.update(b"\npackage:" + package_digest(spec.root).encode("ascii"))
+    return f"{spec.id}::{digest.hexdigest()}"

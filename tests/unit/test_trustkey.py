@@ -1,0 +1,291 @@
+"""Trust keys: any change to what would run changes the key; a rotated secret value does not."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from sidecar.connectors import trustkey
+from sidecar.connectors.manifests import ConnectorSpec, LaunchConfig, load_package, load_plugin, load_user_servers
+from sidecar.connectors.trustkey import canonical_launch, package_digest, trust_key
+from sidecar.errors import ConfigError
+
+CONNECTOR: dict[str, Any] = {"id": "workspace", "name": "Workspace", "type": "mcp", "tools": {"r": {"risk": "LOW"}}}
+LAUNCH: dict[str, Any] = {
+    "mcpServers": {
+        "workspace": {
+            "command": "python3",
+            "args": ["${SIDECAR_CONNECTOR_ROOT}/server.py"],
+            "env": {"API_TOKEN": "secret-one", "LOG_LEVEL": "info"},
+        }
+    }
+}
+
+
+def _write(path: Path, content: Any, *, mode: int = 0o600) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    os.chmod(path, mode)
+    return path
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    root = tmp_path / "connectors" / "workspace"
+    _write(root / "connector.json", CONNECTOR)
+    _write(root / "mcp.json", LAUNCH)
+    _write(root / "server.py", "print('serving')\n")
+    _write(root / "lib" / "helpers.py", "X = 1\n")
+    return root
+
+
+def _with_launch(spec: ConnectorSpec, **changes: Any) -> ConnectorSpec:
+    return dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, **changes))
+
+
+def _env(spec: ConnectorSpec, **env: str) -> MappingProxyType[str, str]:
+    return MappingProxyType({**spec.launch.env, **env})
+
+
+def _http_spec() -> ConnectorSpec:
+    launch = LaunchConfig(
+        "http", None, (), MappingProxyType({}), None, "https://mcp.example.com/mcp", MappingProxyType({"X-Key": "v1"})
+    )
+    return ConnectorSpec(
+        id="remote",
+        kind="user",
+        name="remote",
+        description="",
+        version=None,
+        examples=(),
+        launch=launch,
+        root=None,
+        origin=Path("/nowhere/mcp.json"),
+        tool_risks=MappingProxyType({}),
+        oauth=None,
+        billing_manifest=None,
+    )
+
+
+# --------------------------------------------------------------------------------------------- canonical launch
+
+
+def test_the_canonical_launch_is_sorted_compact_json_with_env_keys_but_no_values(package: Path) -> None:
+    spec = load_package(package)
+    raw = canonical_launch(spec)
+    assert raw == (
+        b'{"args":["${SIDECAR_CONNECTOR_ROOT}/server.py"],"command":"python3","cwd":null,'
+        b'"env_keys":["API_TOKEN","LOG_LEVEL"],"header_keys":[],"transport":"stdio","url":null}'
+    )
+    assert b"secret-one" not in raw
+
+
+def test_header_values_are_left_out_like_env_values() -> None:
+    raw = canonical_launch(_http_spec())
+    assert b'"header_keys":["X-Key"]' in raw
+    assert b"v1" not in raw
+
+
+# --------------------------------------------------------------------------------------------- what changes the key
+
+LAUNCH_EDITS: list[tuple[str, Callable[[ConnectorSpec], ConnectorSpec]]] = [
+    ("command", lambda s: _with_launch(s, command="/usr/bin/python3")),
+    ("args: a value", lambda s: _with_launch(s, args=("${SIDECAR_CONNECTOR_ROOT}/other.py",))),
+    ("args: one more", lambda s: _with_launch(s, args=(*s.launch.args, "--verbose"))),
+    ("args: one prepended", lambda s: _with_launch(s, args=("-X", *s.launch.args))),
+    ("env: a key added", lambda s: _with_launch(s, env=_env(s, NODE_OPTIONS="--require x"))),
+    ("env: a key removed", lambda s: _with_launch(s, env=MappingProxyType({"API_TOKEN": "secret-one"}))),
+    (
+        "env: a key renamed",
+        lambda s: _with_launch(s, env=MappingProxyType({"API_TOKEN": "secret-one", "LOGLEVEL": "info"})),
+    ),
+    ("cwd", lambda s: _with_launch(s, cwd="/tmp")),
+    ("transport", lambda s: _with_launch(s, transport="http", command=None, args=(), url="https://x.example")),
+]
+
+
+@pytest.mark.parametrize("edit", [e for _, e in LAUNCH_EDITS], ids=[n for n, _ in LAUNCH_EDITS])
+def test_editing_the_launch_config_changes_the_key(
+    package: Path, edit: Callable[[ConnectorSpec], ConnectorSpec]
+) -> None:
+    spec = load_package(package)
+    assert trust_key(edit(spec)) != trust_key(spec)
+
+
+def test_reordering_args_changes_the_key(package: Path) -> None:
+    spec = _with_launch(load_package(package), args=("a", "b"))
+    assert trust_key(_with_launch(spec, args=("b", "a"))) != trust_key(spec)
+
+
+def test_editing_the_url_or_a_header_name_changes_the_key() -> None:
+    spec = _http_spec()
+    assert trust_key(_with_launch(spec, url="https://mcp.example.com/other")) != trust_key(spec)
+    assert trust_key(_with_launch(spec, url="https://evil.example/mcp")) != trust_key(spec)
+    assert trust_key(_with_launch(spec, headers=MappingProxyType({"X-Other": "v1"}))) != trust_key(spec)
+
+
+def test_changing_an_env_or_header_value_keeps_the_key(package: Path) -> None:
+    spec = load_package(package)
+    rotated = _with_launch(spec, env=_env(spec, API_TOKEN="secret-two"))
+    assert trust_key(rotated) == trust_key(spec)
+    http = _http_spec()
+    assert trust_key(_with_launch(http, headers=MappingProxyType({"X-Key": "v2"}))) == trust_key(http)
+
+
+def test_changing_an_env_value_in_the_file_keeps_the_key_of_a_user_server(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    keys = []
+    for token in ("one", "two"):
+        _write(path, {"mcpServers": {"s": {"command": "x", "env": {"TOKEN": token}}}})
+        (spec,), _ = load_user_servers(path)
+        keys.append(trust_key(spec))
+    assert keys[0] == keys[1]
+
+
+def test_the_id_is_part_of_the_key(package: Path) -> None:
+    spec = load_package(package)
+    other = dataclasses.replace(spec, id="workspace2")
+    assert trust_key(spec).startswith("workspace::")
+    assert trust_key(other).startswith("workspace2::")
+    assert trust_key(other).split("::")[1] == trust_key(spec).split("::")[1]  # same content, told apart by the id
+    assert trust_key(other) != trust_key(spec)
+
+
+def test_key_order_and_whitespace_in_mcp_json_do_not_matter(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a.json", '{"mcpServers":{"s":{"command":"x","args":["1","2"],"env":{"A":"1","B":"2"}}}}')
+    b = _write(
+        tmp_path / "b.json",
+        '{\n "mcpServers": {\n  "s": {"env": {"B": "2", "A": "1"}, "args": ["1", "2"], "command": "x"}\n }\n}\n',
+    )
+    (spec_a,), _ = load_user_servers(a)
+    (spec_b,), _ = load_user_servers(b)
+    assert trust_key(dataclasses.replace(spec_a, origin=spec_b.origin)) == trust_key(spec_b)
+    assert trust_key(spec_a) == trust_key(spec_b)  # where the file lives is not part of the key
+
+
+def test_a_user_server_key_covers_the_launch_config_alone(tmp_path: Path) -> None:
+    path = _write(tmp_path / "mcp.json", {"mcpServers": {"s": {"command": "x"}}})
+    (spec,), _ = load_user_servers(path)
+    assert trust_key(spec) == "s::" + hashlib.sha256(canonical_launch(spec)).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- package content
+
+PACKAGE_EDITS: list[tuple[str, Callable[[Path], object]]] = [
+    ("file content", lambda r: _write(r / "server.py", "print('pwned')\n")),
+    ("one byte in a nested file", lambda r: _write(r / "lib" / "helpers.py", "X = 2\n")),
+    ("a new file", lambda r: _write(r / "lib" / "extra.py", "")),
+    ("a new hidden file", lambda r: _write(r / ".env", "A=1\n")),
+    ("a deleted file", lambda r: os.unlink(r / "lib" / "helpers.py")),
+    ("a renamed file", lambda r: os.rename(r / "lib" / "helpers.py", r / "lib" / "helper.py")),
+    ("a file moved between directories", lambda r: os.rename(r / "lib" / "helpers.py", r / "helpers.py")),
+    ("chmod +x", lambda r: os.chmod(r / "server.py", 0o700)),
+    ("a new symlink", lambda r: os.symlink("/usr/bin/python3", r / "python")),
+    (
+        "a tool risk in connector.json",
+        lambda r: _write(r / "connector.json", {**CONNECTOR, "tools": {"r": {"risk": "HIGH"}}}),
+    ),
+]
+
+
+@pytest.mark.parametrize("edit", [e for _, e in PACKAGE_EDITS], ids=[n for n, _ in PACKAGE_EDITS])
+def test_editing_any_package_file_changes_the_key(package: Path, edit: Callable[[Path], object]) -> None:
+    before = trust_key(load_package(package))
+    edit(package)
+    assert trust_key(load_package(package)) != before
+
+
+def test_retargeting_a_symlink_changes_the_digest_and_it_is_never_followed(package: Path, tmp_path: Path) -> None:
+    outside = _write(tmp_path / "outside.py", "A = 1\n")
+    os.symlink(outside, package / "linked.py")
+    before = package_digest(package)
+    _write(outside, "A = 2\n")  # the link text is hashed, not what it points to
+    assert package_digest(package) == before
+    os.unlink(package / "linked.py")
+    os.symlink(tmp_path / "elsewhere.py", package / "linked.py")
+    assert package_digest(package) != before
+
+
+def test_caches_vcs_and_node_modules_do_not_count(package: Path) -> None:
+    before = package_digest(package)
+    _write(package / "__pycache__" / "server.cpython-311.pyc", "cache")
+    _write(package / "lib" / "helpers.cpython-311.pyc", "cache")
+    _write(package / ".git" / "HEAD", "ref: refs/heads/main\n")
+    _write(package / "node_modules" / "left-pad" / "index.js", "module.exports = 1\n")
+    (package / "empty-dir").mkdir()
+    assert package_digest(package) == before
+
+
+def test_a_plugin_key_covers_its_directory(tmp_path: Path) -> None:
+    plugin = tmp_path / "plugins" / "notes"
+    _write(plugin / ".mcp.json", {"mcpServers": {"store": {"command": "${SIDECAR_CONNECTOR_ROOT}/store"}}})
+    _write(plugin / "store", "#!/bin/sh\n", mode=0o700)
+    (spec,), _ = load_plugin(plugin)
+    before = trust_key(spec)
+    _write(plugin / "store", "#!/bin/sh\necho changed\n", mode=0o700)
+    assert trust_key(spec) != before
+
+
+def test_the_digest_is_stable_across_runs(package: Path) -> None:
+    code = "import sys; from pathlib import Path; from sidecar.connectors.trustkey import package_digest; "
+    code += "print(package_digest(Path(sys.argv[1])))"
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", code, str(package)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert runs == {package_digest(package)}
+    assert len(runs.pop()) == 64
+
+
+def test_the_same_package_in_another_directory_has_the_same_key(package: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "elsewhere" / "workspace"
+    for path in sorted(package.rglob("*")):
+        if path.is_file():
+            _write(copy / path.relative_to(package), path.read_text(), mode=path.stat().st_mode & 0o777)
+    assert trust_key(load_package(copy)) == trust_key(load_package(package))
+
+
+# --------------------------------------------------------------------------------------------- bounds
+
+
+def test_a_package_with_too_many_files_is_refused(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trustkey, "MAX_PACKAGE_FILES", 5)
+    for i in range(3):
+        _write(package / "many" / f"f{i}.txt", "")
+    with pytest.raises(ConfigError, match="more than 5 files"):
+        package_digest(package)
+
+
+def test_a_package_too_large_is_refused(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trustkey, "MAX_PACKAGE_BYTES", 4096)
+    _write(package / "blob.bin", "x" * 5000)
+    with pytest.raises(ConfigError, match="larger than 4096 bytes"):
+        package_digest(package)
+
+
+def test_the_default_bounds_are_ten_thousand_files_and_200_mib() -> None:
+    assert trustkey.MAX_PACKAGE_FILES == 10_000
+    assert trustkey.MAX_PACKAGE_BYTES == 200 * 1024 * 1024
+
+
+def test_a_fifo_in_a_package_is_refused_rather_than_read(package: Path) -> None:
+    os.mkfifo(package / "pipe")
+    with pytest.raises(ConfigError, match="not a regular file"):
+        package_digest(package)
