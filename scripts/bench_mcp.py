@@ -129,9 +129,20 @@ def sidecar_process(
     paths = Paths.resolve(env)
     errlog = (workdir / "sidecar.stderr").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []),
-         "-m", "sidecar", "serve", "--port", "0"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errlog, cwd=workdir,
+        [
+            sys.executable,
+            *(["-m", "cProfile", "-o", profile] if profile else []),
+            "-m",
+            "sidecar",
+            "serve",
+            "--port",
+            "0",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=errlog,
+        cwd=workdir,
     )
     try:
         deadline = time.monotonic() + START_TIMEOUT
@@ -158,7 +169,9 @@ def reference_process(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], 
     """The SDK reference server; yields (process, port) once it accepts connections."""
     proc = subprocess.Popen(
         [sys.executable, str(REFERENCE_SCRIPT), "--port", "0"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=(workdir / "reference.stderr").open("wb"),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=(workdir / "reference.stderr").open("wb"),
         cwd=workdir,
     )
     try:
@@ -192,12 +205,15 @@ def _tail(path: Path, n: int = 2000) -> str:
 
 
 async def create_sidecar_session(runtime: dict[str, Any], workspace: Path) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http, http.post(
-        runtime["url"] + "/control/sessions",
-        json={"workspace": str(workspace), "project": "bench"},
-        headers={"Authorization": f"Bearer {runtime['control_token']}"},
-        timeout=aiohttp.ClientTimeout(total=15),
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            runtime["url"] + "/control/sessions",
+            json={"workspace": str(workspace), "project": "bench"},
+            headers={"Authorization": f"Bearer {runtime['control_token']}"},
+            timeout=aiohttp.ClientTimeout(total=15),
+        ) as response,
+    ):
         data = await response.json(content_type=None)
         if response.status != 201:
             raise RuntimeError(f"POST /control/sessions answered {response.status}: {data}")
@@ -259,9 +275,14 @@ class RawCaller:
             return
         request_id = next(self._ids)
         body = {
-            "jsonrpc": "2.0", "id": request_id, "method": "initialize",
-            "params": {"protocolVersion": LEGACY_VERSION, "capabilities": {},
-                       "clientInfo": {"name": "bench-raw", "version": "1"}},
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": LEGACY_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "bench-raw", "version": "1"},
+            },
         }
         async with self._http.post(self._url, data=json.dumps(body), headers=self._headers) as response:
             raw = await response.read()
@@ -336,6 +357,7 @@ async def sdk_sequential(target: Target, mode: str, warmup: int, n: int) -> list
         httpx2.AsyncClient(headers=target.headers, timeout=30) as http,
         Client(streamable_http_client(target.url, http_client=http), mode=mode) as client,
     ):
+
         async def call() -> None:
             result = await client.call_tool(TOOL, ARGS)
             text = getattr(result.content[0], "text", None) if result.content else None
@@ -463,9 +485,11 @@ async def run_benchmark(plan: Plan, targets: dict[str, Target]) -> tuple[list[Me
                     metric.add_latencies(
                         server, await raw_sequential(http, target, era, plan.seq_warmup, plan.seq_calls)
                     )
-            log(f"  round {r + 1}/{plan.rounds}: sdk-legacy {sdk['legacy'].rounds['sidecar'][-1]:.2f} vs "
+            log(
+                f"  round {r + 1}/{plan.rounds}: sdk-legacy {sdk['legacy'].rounds['sidecar'][-1]:.2f} vs "
                 f"{sdk['legacy'].rounds['reference'][-1]:.2f} ms, raw-legacy {raw['legacy'].rounds['sidecar'][-1]:.2f}"
-                f" vs {raw['legacy'].rounds['reference'][-1]:.2f} ms")
+                f" vs {raw['legacy'].rounds['reference'][-1]:.2f} ms"
+            )
 
         log(f"concurrency {LEVELS}: {plan.conc_rounds} rounds x {plan.conc_calls} calls per level and era")
         for r, order in _orders(plan.conc_rounds):
@@ -478,8 +502,10 @@ async def run_benchmark(plan: Plan, targets: dict[str, Target]) -> tuple[list[Me
                         server_cpu[era].rounds[server].append(cpu)
                         conc_rate[era, level].add_rate(server, rate)
                         conc_lat[era, level].add_latencies(server, samples)
-            log(f"  round {r + 1}/{plan.conc_rounds}: legacy x32 {conc_rate['legacy', 32].rounds['sidecar'][-1]:.0f}"
-                f" vs {conc_rate['legacy', 32].rounds['reference'][-1]:.0f} calls/s")
+            log(
+                f"  round {r + 1}/{plan.conc_rounds}: legacy x32 {conc_rate['legacy', 32].rounds['sidecar'][-1]:.0f}"
+                f" vs {conc_rate['legacy', 32].rounds['reference'][-1]:.0f} calls/s"
+            )
 
         memory = await measure_rss(http, plan, targets)
 
@@ -537,18 +563,26 @@ def render(metrics: list[Metric], memory: dict[str, Any], idle: dict[str, float]
         if m.target:
             goal = f"{m.verdict()} ({'<=' if m.kind == 'latency' else '>='} 1.00)"
         rows.append((m.label, *cells, f"{m.ratio():.2f}", goal))
-    rows.append((
-        "idle RSS MB (after start)", f"{idle['sidecar']:.1f}", f"{idle['reference']:.1f}",
-        f"{idle['sidecar'] / idle['reference']:.2f}",
-        f"{'PASS' if idle['sidecar'] < IDLE_RSS_LIMIT_MB else 'MISS'} (< {IDLE_RSS_LIMIT_MB:.0f} MB)",
-    ))
+    rows.append(
+        (
+            "idle RSS MB (after start)",
+            f"{idle['sidecar']:.1f}",
+            f"{idle['reference']:.1f}",
+            f"{idle['sidecar'] / idle['reference']:.2f}",
+            f"{'PASS' if idle['sidecar'] < IDLE_RSS_LIMIT_MB else 'MISS'} (< {IDLE_RSS_LIMIT_MB:.0f} MB)",
+        )
+    )
     growth_ok = memory["growth_pct"] <= RSS_GROWTH_LIMIT_PCT
     short = memory["calls"] < 20_000
-    rows.append((
-        f"RSS growth over {memory['calls']} calls",
-        f"{memory['before_mb']:.1f} -> {memory['after_mb']:.1f} MB ({memory['growth_pct']:+.1f}%)", "-", "-",
-        f"{'PASS' if growth_ok else 'MISS'} (<= {RSS_GROWTH_LIMIT_PCT:.0f}%)" + (" [short run]" if short else ""),
-    ))
+    rows.append(
+        (
+            f"RSS growth over {memory['calls']} calls",
+            f"{memory['before_mb']:.1f} -> {memory['after_mb']:.1f} MB ({memory['growth_pct']:+.1f}%)",
+            "-",
+            "-",
+            f"{'PASS' if growth_ok else 'MISS'} (<= {RSS_GROWTH_LIMIT_PCT:.0f}%)" + (" [short run]" if short else ""),
+        )
+    )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [
         f"sidecar /mcp vs MCP SDK {_sdk_version()} reference (uvicorn) - {name} run: "
@@ -562,8 +596,10 @@ def render(metrics: list[Metric], memory: dict[str, Any], idle: dict[str, float]
     misses = [r[0] for r in rows[1:] if r[-1].startswith("MISS")]
     lines.append("")
     lines.append("ALL TARGETS MET" if not misses else f"MISSED: {', '.join(misses)}")
-    lines.append(f"(RSS run throughput: {memory['rate']:.0f} calls/s; ratio = sidecar / reference for latency "
-                 "and throughput alike: latency wants <= 1, throughput >= 1)")
+    lines.append(
+        f"(RSS run throughput: {memory['rate']:.0f} calls/s; ratio = sidecar / reference for latency "
+        "and throughput alike: latency wants <= 1, throughput >= 1)"
+    )
     return "\n".join(lines)
 
 
@@ -577,7 +613,10 @@ def as_json(metrics: list[Metric], memory: dict[str, Any], idle: dict[str, float
     return {
         "metrics": [
             {
-                "label": m.label, "kind": m.kind, "ratio": m.ratio(), "verdict": m.verdict() or None,
+                "label": m.label,
+                "kind": m.kind,
+                "ratio": m.ratio(),
+                "verdict": m.verdict() or None,
                 **{s: {"value": m.value(s), "rounds": m.rounds[s], "p95": m.p95(s)} for s in ("sidecar", "reference")},
             }
             for m in metrics
@@ -602,9 +641,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         workdir = Path(tmp)
         workspace = workdir / "workspace"
         workspace.mkdir()
-        sc_proc, runtime = stack.enter_context(
-            sidecar_process(workdir, args.profile_sidecar)
-        )
+        sc_proc, runtime = stack.enter_context(sidecar_process(workdir, args.profile_sidecar))
         ref_proc, ref_port = stack.enter_context(reference_process(workdir))
         await asyncio.sleep(1.0)  # let both settle before the idle reading
         idle = {
@@ -636,8 +673,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conc-rounds", type=int, help="rounds of concurrency measurements")
     parser.add_argument("--conc-calls", type=int, help="calls per concurrency level per round")
     parser.add_argument("--rss-calls", type=int, help="calls of the RSS growth run (target: 20000)")
-    parser.add_argument("--profile-sidecar", metavar="PATH",
-                        help="run the daemon under cProfile and write its stats to PATH (figures are then slower)")
+    parser.add_argument(
+        "--profile-sidecar",
+        metavar="PATH",
+        help="run the daemon under cProfile and write its stats to PATH (figures are then slower)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every figure (and per-round values) as JSON")
     args = parser.parse_args(argv)
     if args.profile_sidecar:

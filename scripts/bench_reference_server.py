@@ -76,9 +76,7 @@ def build_server() -> Server[Any]:
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         if params.name != "calculate":
-            return types.CallToolResult(
-                content=[types.TextContent(type="text", text="unknown tool")], is_error=True
-            )
+            return types.CallToolResult(content=[types.TextContent(type="text", text="unknown tool")], is_error=True)
         try:
             value = _eval(ast.parse(str((params.arguments or {})["expression"]), mode="eval"))
         except (KeyError, SyntaxError, ValueError, ArithmeticError) as exc:

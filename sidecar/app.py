@@ -32,6 +32,7 @@ from sidecar.appkeys import (
     TOOLS,
     Runtime,
 )
+from sidecar.auth.encoding import mint_token
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
 from sidecar.auth.routes import PROXY_ROUTE, RouteRegistry
@@ -46,6 +47,8 @@ from sidecar.bus.rest import RestFacade
 from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
 from sidecar.connectors.manager import ConnectorManager
+from sidecar.connectors.pool import LaunchContext
+from sidecar.connectors.service import ConnectorService
 from sidecar.control import add_control_routes
 from sidecar.http import error_middleware, json_response
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
@@ -91,6 +94,24 @@ def build_app(
         notes_dir=paths.data / "notes",
         connectors=lambda session_id: [c.public() for c in connectors.trusted()],
     )
+    hub = ChangeHub()
+    announcer = _Announcer(hub, sessions)
+    connector_service = ConnectorService(
+        manager=connectors,
+        trust=trust,
+        registry=registry,
+        cache_dir=paths.state / "connectors",
+        context=lambda session_id, workspace: LaunchContext(
+            origin=f"http://127.0.0.1:{runtime.port}",
+            # The internal API (SPEC §7) that this credential is for arrives with OAuth; until then it
+            # authorizes nothing, and a connector never sees a route token or the user's tokens.
+            authorization=f"Bearer {mint_token()}",
+            envelope=sessions.envelope(session_id),
+            workspace=workspace,
+        ),
+        notify=announcer,
+    )
+    connector_service.start()
     approvals = ApprovalStore()
     billing = BillingGate(billing_sources(settings, paths))
     tools = ToolService(
@@ -106,7 +127,6 @@ def build_app(
             auto_above=settings.tools.auto_defer_above,
         ),
     )
-    hub = ChangeHub()
     endpoint = McpEndpoint(
         build_mcp_server(tools=tools, sessions=sessions, hub=hub),
         settings=settings,
@@ -138,9 +158,9 @@ def build_app(
     app[HUB] = hub
     app[APPROVALS] = approvals
     app[BILLING] = billing
-    app[CONNECTORS] = connectors
+    app[CONNECTORS] = connector_service
 
-    sessions.subscribe(_SessionEvents(audit, hub, approvals))
+    sessions.subscribe(_SessionEvents(audit, hub, approvals, connector_service))
     approvals.subscribe(lambda approval, event: _audit_approval(audit, approval, event))
 
     async def mcp(request: web.Request) -> web.StreamResponse:
@@ -156,6 +176,12 @@ def build_app(
     add_control_routes(app)
 
     _add_lifecycle(app, audit=audit, endpoint=endpoint, routes=routes, sessions=sessions, runtime=runtime)
+
+    async def connectors_ctx(app: web.Application) -> AsyncIterator[None]:
+        yield
+        await connector_service.close()  # every connector process, bounded by each one's stop escalation
+
+    app.cleanup_ctx.append(connectors_ctx)
     return app
 
 
@@ -229,13 +255,31 @@ def _approval_fields(approval: Approval) -> dict[str, object]:
     }
 
 
+class _Announcer:
+    """``tools/list_changed`` to one session's clients, or to every session's (connector changes)."""
+
+    def __init__(self, hub: ChangeHub, sessions: SessionStore) -> None:
+        self._hub = hub
+        self._sessions = sessions
+        self._tasks: set[asyncio.Task[int]] = set()
+
+    def __call__(self, session_id: str | None) -> None:
+        targets = [session_id] if session_id is not None else [s.id for s in self._sessions.list()]
+        loop = asyncio.get_running_loop()
+        for target in targets:
+            task = loop.create_task(self._hub.tools_changed(target))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+
 class _SessionEvents:
     """Audit session lifecycle and push ``tools/list_changed`` when a session's grant changes."""
 
-    def __init__(self, audit: AuditLog, hub: ChangeHub, approvals: ApprovalStore) -> None:
+    def __init__(self, audit: AuditLog, hub: ChangeHub, approvals: ApprovalStore, connectors: ConnectorService) -> None:
         self._audit = audit
         self._hub = hub
         self._approvals = approvals
+        self._connectors = connectors
         self._tasks: set[asyncio.Task[int]] = set()
 
     def __call__(self, session: Session, event: str) -> None:
@@ -254,3 +298,4 @@ class _SessionEvents:
         elif event == "ended":
             self._hub.forget(session.id)
             self._approvals.forget_session(session.id)
+            self._connectors.session_ended(session.id)

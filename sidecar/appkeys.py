@@ -22,7 +22,7 @@ from sidecar.bus.mcp import ChangeHub
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.tools import ToolService
 from sidecar.config import Settings
-from sidecar.connectors.manager import ConnectorManager
+from sidecar.connectors.service import ConnectorService
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
 
@@ -71,4 +71,4 @@ TOOLS = web.AppKey("tools", ToolService)
 HUB = web.AppKey("hub", ChangeHub)
 APPROVALS = web.AppKey("approvals", ApprovalStore)
 BILLING = web.AppKey("billing", BillingGate)
-CONNECTORS = web.AppKey("connectors", ConnectorManager)
+CONNECTORS = web.AppKey("connectors", ConnectorService)

@@ -75,8 +75,8 @@ async def status(request: web.Request) -> web.Response:
             "uptime_seconds": round(time.time() - runtime.started_at, 1),
             "sessions": len(sessions),
             "routes": [r.name for r in app[ROUTES].list()],
-            "connectors": [c.public() for c in app[CONNECTORS].list()],
-            "connector_problems": [str(p) for p in app[CONNECTORS].problems],
+            "connectors": [c.public() for c in app[CONNECTORS].manager.list()],
+            "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
             "storage": {"credentials": "none stored yet", "insecure": False},
             "pending_approvals": len(app[APPROVALS].list()),
             "billing_problems": app[BILLING].problems(),
@@ -173,7 +173,7 @@ class InstallRequest(_Body):
 
 
 async def list_connectors(request: web.Request) -> web.Response:
-    manager = request.app[CONNECTORS]
+    manager = request.app[CONNECTORS].manager
     manager.refresh()
     return json_response(
         {"connectors": [c.public() for c in manager.list()], "problems": [str(p) for p in manager.problems]}
@@ -181,24 +181,25 @@ async def list_connectors(request: web.Request) -> web.Response:
 
 
 async def show_connector(request: web.Request) -> web.Response:
-    manager = request.app[CONNECTORS]
+    manager = request.app[CONNECTORS].manager
     manager.refresh()
+    manager.list()  # refreshes running counts and connected state
     return json_response(manager.get(request.match_info["connector_id"]).public(detail=True))
 
 
 async def trust_connector(request: web.Request) -> web.Response:
-    connector = request.app[CONNECTORS].trust(request.match_info["connector_id"])
+    connector = await request.app[CONNECTORS].trust(request.match_info["connector_id"])
     return json_response(connector.public(detail=True))
 
 
 async def untrust_connector(request: web.Request) -> web.Response:
-    connector = request.app[CONNECTORS].untrust(request.match_info["connector_id"])
+    connector = await request.app[CONNECTORS].untrust(request.match_info["connector_id"])
     return json_response(connector.public(detail=True))
 
 
 async def install_connector(request: web.Request) -> web.Response:
     spec = await _parse(request, InstallRequest)
-    connector = request.app[CONNECTORS].install(Path(spec.path))
+    connector = request.app[CONNECTORS].manager.install(Path(spec.path))
     return json_response(connector.public(detail=True), status=201)
 
 

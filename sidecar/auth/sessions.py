@@ -168,6 +168,20 @@ class SessionStore:
         self._emit(session, "created")
         return session, envelope
 
+    def envelope(self, session_id: str) -> str:
+        """A fresh envelope for a live session (what its connector processes get as their context)."""
+        session = self.get(session_id)
+        return self._keys.sign(
+            SessionClaims(
+                session_id=session.id,
+                project_id=session.project_id,
+                workspace=session.workspace,
+                mode=session.mode.value,
+                iat=session.created_at,
+                exp=session.expires_at,
+            )
+        )
+
     def verify(self, envelope: str | None) -> Session:
         """The live session an envelope names; ``EnvelopeRejected`` (403) for anything else."""
         if envelope is None:

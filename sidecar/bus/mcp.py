@@ -188,6 +188,15 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
             abort_keys=(route_key(principal.route),),
             ask=_elicitation_asker(ctx),
         )
+        if outcome.content is not None:
+            # A connector's blocks (images, resources, …) pass through as they came.
+            return types.CallToolResult.model_validate(
+                {
+                    "content": list(outcome.content),
+                    "structuredContent": dict(outcome.structured) if outcome.structured is not None else None,
+                    "isError": outcome.is_error,
+                }
+            )
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=outcome.text)],
             structured_content=dict(outcome.structured) if outcome.structured is not None else None,

@@ -68,10 +68,17 @@ class CallContext:
 
 @dataclass(frozen=True, slots=True)
 class ToolOutput:
-    """A tool's result: text for the model and, optionally, structured content."""
+    """A tool's result: text for the model and, optionally, structured content.
+
+    ``content`` carries MCP content blocks as they came from a connector (images, resources, …) so a
+    proxied result reaches the client whole; ``text`` is then its plain-text summary.
+    """
 
     text: str
     structured: Mapping[str, Any] | None = None
+    content: tuple[Mapping[str, Any], ...] | None = None
+    is_error: bool = False
+    """A connector's own error result (kept whole, content included), not a failure of sidecar's."""
 
 
 ToolHandler = Callable[[dict[str, Any], CallContext], Awaitable[ToolOutput]]
@@ -107,6 +114,8 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, ToolDef] = {}
+        self.version = 0
+        """Bumped on every add and remove, so caches (the search index) know to refresh."""
 
     def tool(
         self,
@@ -153,6 +162,8 @@ class ToolRegistry:
         needs_network: bool = False,
         defer_loading: bool = False,
         available: Callable[[Session], bool] | None = None,
+        source: str = "builtin",
+        server: str = "sidecar",
     ) -> ToolDef:
         validate_tool_name(name)
         if name in self._tools:
@@ -172,10 +183,20 @@ class ToolRegistry:
             needs_network=needs_network,
             defer_loading=defer_loading,
             available=available,
+            source=source,
+            server=server,
             validator=Draft202012Validator(schema),
         )
         self._tools[name] = definition
+        self.version += 1
         return definition
+
+    def remove(self, name: str) -> ToolDef | None:
+        """Unregister a tool (a connector untrusted or changed); returns what was removed."""
+        removed = self._tools.pop(name, None)
+        if removed is not None:
+            self.version += 1
+        return removed
 
     def get(self, name: str) -> ToolDef | None:
         return self._tools.get(name)

@@ -77,6 +77,8 @@ class CallOutcome:
     server: str = "sidecar"
     decision: Decision | None = field(default=None, compare=False)
     approval_id: str | None = None
+    content: tuple[Mapping[str, Any], ...] | None = None
+    """MCP content blocks from a connector, passed through as they came."""
 
     @property
     def is_error(self) -> bool:
@@ -139,7 +141,8 @@ class ToolService:
         self._billing = billing
         self._defer = defer or DeferPolicy()
         self._index = SearchIndex()
-        self._indexed = 0
+        self._indexed = -1
+        self._indexed_tools: dict[str, ToolDef] = {}
 
     # -- what a session sees -------------------------------------------------------------------
 
@@ -180,13 +183,18 @@ class ToolService:
         return [tool for name, _ in hits if (tool := self._registry.get(name)) is not None]
 
     def _refresh_index(self) -> None:
-        if self._indexed == len(self._registry):
+        if self._indexed == self._registry.version:
             return
-        for tool in self._registry:
-            if tool.name not in self._index and tool.risk.value != "HIGH":
+        current = {t.name: t for t in self._registry if t.risk.value != "HIGH"}
+        for name in [n for n in self._indexed_tools if current.get(n) is not self._indexed_tools[n]]:
+            self._index.remove(name)
+            del self._indexed_tools[name]
+        for name, tool in current.items():
+            if name not in self._indexed_tools:
                 params = tool.input_schema.get("properties", {})
-                self._index.add(tool.name, name=tool.name, description=tool.description, parameters=list(params))
-        self._indexed = len(self._registry)
+                self._index.add(name, name=name, description=tool.description, parameters=list(params))
+                self._indexed_tools[name] = tool
+        self._indexed = self._registry.version
 
     # -- running a call ------------------------------------------------------------------------
 
@@ -337,12 +345,13 @@ class ToolService:
             structured = None
         return CallOutcome(
             tool=tool.name,
-            status="ok",
+            status="error" if output.is_error else "ok",
             text=text,
             structured=structured,
             decision=decision,
             source=tool.source,
             server=tool.server,
+            content=output.content,
         )
 
     @staticmethod

@@ -113,6 +113,8 @@ class ConnectorManager:
         self._connectors: dict[str, Connector] = {}
         self.problems: list[ManifestProblem] = []
         self._listeners: list[ChangeListener] = []
+        self.running_count: Callable[[str], int] = lambda connector_id: 0
+        """Set by the app to the pool's count: a trusted connector with a live process is ``connected``."""
 
     def subscribe(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
@@ -157,6 +159,12 @@ class ConnectorManager:
         return ConnectorState.CONFIGURED
 
     def list(self) -> list[Connector]:
+        for connector in self._connectors.values():
+            connector.running = self.running_count(connector.id)
+            if connector.state is ConnectorState.TRUSTED and connector.running:
+                connector.state = ConnectorState.CONNECTED
+            elif connector.state is ConnectorState.CONNECTED and not connector.running:
+                connector.state = ConnectorState.TRUSTED
         return sorted(self._connectors.values(), key=lambda c: c.id)
 
     def get(self, connector_id: str) -> Connector:

@@ -57,7 +57,10 @@ def cli_all(
     """Run several ``python -m sidecar ...`` concurrently (``envs``: one env each); all bounded and reaped."""
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "sidecar", *argv], env=env_, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, "-m", "sidecar", *argv],
+            env=env_,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
         )
         for argv, env_ in zip(argvs, envs or [env] * len(argvs), strict=True)
@@ -99,8 +102,7 @@ def runtime_of(d: DaemonProcess) -> dict[str, Any]:
 
 def session_new(d: DaemonProcess, workspace: Path, *extra: str) -> dict[str, Any]:
     """``sidecar session new --format raw ...`` → the raw config."""
-    result = ok(d.cli("session", "new", "--workspace", str(workspace), "--format", "raw", *extra,
-                      timeout=CLI_TIMEOUT))
+    result = ok(d.cli("session", "new", "--workspace", str(workspace), "--format", "raw", *extra, timeout=CLI_TIMEOUT))
     data: dict[str, Any] = json.loads(result.stdout)
     return data
 
@@ -129,9 +131,12 @@ def initialize_body() -> dict[str, Any]:
 async def post_mcp(raw: dict[str, Any]) -> tuple[int, dict[str, str]]:
     """POST an ``initialize`` to /mcp with a raw config's headers; (status, headers)."""
     headers = {**raw["headers"], "Accept": "application/json, text/event-stream"}
-    async with aiohttp.ClientSession() as http, http.post(
-        raw["url"], json=initialize_body(), headers=headers, timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            raw["url"], json=initialize_body(), headers=headers, timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)
+        ) as response,
+    ):
         await response.read()
         return response.status, dict(response.headers)
 
@@ -139,18 +144,25 @@ async def post_mcp(raw: dict[str, Any]) -> tuple[int, dict[str, str]]:
 async def control(d: DaemonProcess, method: str, path: str, body: Any = None) -> Any:
     """The control API directly (for set-up that is not what a test is about)."""
     runtime = runtime_of(d)
-    async with aiohttp.ClientSession() as http, http.request(
-        method, runtime["url"] + path, json=body, headers={"Authorization": f"Bearer {runtime['control_token']}"},
-        timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT),
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method,
+            runtime["url"] + path,
+            json=body,
+            headers={"Authorization": f"Bearer {runtime['control_token']}"},
+            timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT),
+        ) as response,
+    ):
         assert response.status < 300, await response.text()
         return await response.json()
 
 
 async def get_json(url: str) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as http, http.get(
-        url, timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url, timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as response,
+    ):
         return response.status, await response.json(content_type=None)
 
 
@@ -239,8 +251,10 @@ async def test_serve_writes_runtime_status_reports_and_stop_stops(d: DaemonProce
 
 def spawn_serve(home: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--port", "0"], env=sidecar_env(home),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "sidecar", "serve", "--port", "0"],
+        env=sidecar_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -301,8 +315,12 @@ async def test_stale_runtime_file_is_replaced(home: Path, spawned: list[DaemonPr
     paths = Paths.resolve(sidecar_env(home))
     paths.state.mkdir(mode=0o700, parents=True)
     stale = {
-        "pid": dead_pid(), "url": "http://127.0.0.1:1", "port": 1, "control_token": "stale-token",
-        "started_at": 1.0, "version": "0.0.0",
+        "pid": dead_pid(),
+        "url": "http://127.0.0.1:1",
+        "port": 1,
+        "control_token": "stale-token",
+        "started_at": 1.0,
+        "version": "0.0.0",
     }
     paths.runtime_file.write_text(json.dumps(stale))
     paths.runtime_file.chmod(0o600)
@@ -482,7 +500,13 @@ async def test_session_list_end_and_update(d: DaemonProcess, workspace: Path) ->
         listed_before = await asyncio.wait_for(client.list_tools(), MCP_TIMEOUT)
         assert [t.name for t in listed_before.tools] == ["calculate"]
         updated = await asyncio.to_thread(
-            d.cli, "session", "update", second["session_id"], "--allow", "get_current_time", "--json",
+            d.cli,
+            "session",
+            "update",
+            second["session_id"],
+            "--allow",
+            "get_current_time",
+            "--json",
             timeout=CLI_TIMEOUT,
         )
         assert json.loads(ok(updated).stdout)["allow"] == ["get_current_time"]
@@ -593,10 +617,18 @@ def test_commands_without_a_daemon_say_so(tmp_path: Path) -> None:
     stale = sidecar_env(tmp_path / "stale")  # runtime.json left behind by a daemon that died
     paths = Paths.resolve(stale)
     paths.state.mkdir(mode=0o700, parents=True)
-    paths.runtime_file.write_text(json.dumps(
-        {"pid": dead_pid(), "url": "http://127.0.0.1:1", "port": 1, "control_token": "t", "started_at": 1.0,
-         "version": __version__}
-    ))
+    paths.runtime_file.write_text(
+        json.dumps(
+            {
+                "pid": dead_pid(),
+                "url": "http://127.0.0.1:1",
+                "port": 1,
+                "control_token": "t",
+                "started_at": 1.0,
+                "version": __version__,
+            }
+        )
+    )
     paths.runtime_file.chmod(0o600)
     commands = [(["status"], empty), (["stop"], empty), (["session", "list"], empty), (["status"], stale)]
     results = cli_all(empty, *(argv for argv, _ in commands), envs=[env for _, env in commands])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,8 @@ def _states(listing: dict[str, Any]) -> dict[str, str]:
     return {c["id"]: c["state"] for c in listing["connectors"]}
 
 
-TIME_SERVER = {"command": "uvx", "args": ["mcp-server-time"], "env": {"TZ": "UTC"}}
+ECHO = str(REPO / "tests" / "connectors" / "fixtures" / "echo_server.py")
+TIME_SERVER = {"command": sys.executable, "args": [ECHO], "env": {"TZ": "UTC"}}
 
 
 async def test_sources_are_listed_untrusted_and_a_broken_entry_hides_nothing(daemon: Daemon) -> None:
@@ -56,7 +58,7 @@ async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> Non
     assert _states(await daemon.control("GET", "/control/connectors"))["clock"] == "configured"
 
     events = [r["event"] for r in daemon.audit_events() if r["event"].startswith("trust.")]
-    assert events == ["trust.granted"]
+    assert events == ["trust.granted", "trust.tools_approved"]
 
 
 async def test_untrust_and_retrust(daemon: Daemon) -> None:
@@ -64,7 +66,7 @@ async def test_untrust_and_retrust(daemon: Daemon) -> None:
     assert (await daemon.control("POST", "/control/connectors/workspace/untrust"))["state"] == "configured"
     assert _states(await daemon.control("GET", "/control/connectors"))["workspace"] == "configured"
     events = [r["event"] for r in daemon.audit_events() if r["event"].startswith("trust.")]
-    assert events == ["trust.granted", "trust.revoked"]
+    assert events == ["trust.granted", "trust.tools_approved", "trust.revoked"]
 
 
 async def test_install_validates_and_copies_a_package(daemon: Daemon, tmp_path: Path) -> None:

@@ -182,9 +182,7 @@ def test_a_well_formed_forged_record_appended_at_the_end_is_detected(log_path: P
         "event": "approval.allow",
         "prev": "0" * 64,  # the forger does not bother with the chain
     }
-    forged["hash"] = hashlib.sha256(
-        json.dumps(forged, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
+    forged["hash"] = hashlib.sha256(json.dumps(forged, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     lines.append(json.dumps(forged, sort_keys=True, separators=(",", ":")).encode() + b"\n")
     _set_lines(log_path, lines)
 
@@ -240,9 +238,7 @@ def test_reopening_after_truncation_records_the_damage_before_continuing(log_pat
     assert records[5]["head_seq"] == 8
     report = verify(log_path)
     assert not report.ok  # the head now agrees with the file, but the recovery record keeps the evidence
-    assert report.problems == [
-        "line 6: log was damaged while closed: head says 8 records, log has 5 (truncated)"
-    ]
+    assert report.problems == ["line 6: log was damaged while closed: head says 8 records, log has 5 (truncated)"]
 
 
 def test_reopening_after_a_torn_write_ends_the_torn_line_and_carries_on(log_path: Path) -> None:

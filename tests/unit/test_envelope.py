@@ -113,9 +113,7 @@ def test_envelope_is_v1_kid_payload_mac_with_the_mac_over_the_text_as_sent() -> 
 
 
 def test_empty_project_id_and_non_ascii_workspace_round_trip() -> None:
-    claims = replace(
-        CLAIMS, project_id="", workspace="/home/j\u00fcrgen/\u30d7\u30ed\u30b8\u30a7\u30af\u30c8"
-    )
+    claims = replace(CLAIMS, project_id="", workspace="/home/j\u00fcrgen/\u30d7\u30ed\u30b8\u30a7\u30af\u30c8")
     envelope = KEYS.sign(claims)
     assert envelope.isascii()
     assert KEYS.verify(envelope, now=NOW) == claims
@@ -295,9 +293,7 @@ SIGNED_BAD_PAYLOADS: dict[str, bytes] = {
     ),
     "duplicate key, same value": canonical(claims_dict())[:-1] + b',"mode":"default"}',
     "unknown key": canonical(claims_dict(admin=True)),
-    "unknown key instead of a known one": canonical(
-        {k: v for k, v in claims_dict(scope="all").items() if k != "mode"}
-    ),
+    "unknown key instead of a known one": canonical({k: v for k, v in claims_dict(scope="all").items() if k != "mode"}),
     "missing key": canonical({k: v for k, v in claims_dict().items() if k != "exp"}),
     "no keys": b"{}",
     "bool as iat": canonical(claims_dict(iat=True)),

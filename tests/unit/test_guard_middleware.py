@@ -174,9 +174,7 @@ async def test_duplicate_host_is_refused_before_the_handler(server: Server) -> N
         "127.0.0.1:{port}, evil",
     ],
 )
-async def test_a_host_other_than_loopback_with_the_listening_port_is_refused(
-    server: Server, host: str
-) -> None:
+async def test_a_host_other_than_loopback_with_the_listening_port_is_refused(server: Server, host: str) -> None:
     value = host.format(port=server.port, wrong=server.port + 1 if server.port < 65535 else 1)
     reply = await send(server.port, "GET /hit HTTP/1.1", [f"Host: {value}"])
     assert_refused(reply, server)
@@ -233,9 +231,7 @@ async def test_a_cross_site_or_same_site_fetch_is_refused(server: Server, site: 
 
 
 async def test_the_exempt_path_still_checks_host(server: Server) -> None:
-    reply = await send(
-        server.port, f"GET {EXEMPT_PATH} HTTP/1.1", ["Host: evil.com", "Sec-Fetch-Site: cross-site"]
-    )
+    reply = await send(server.port, f"GET {EXEMPT_PATH} HTTP/1.1", ["Host: evil.com", "Sec-Fetch-Site: cross-site"])
     assert_refused(reply, server)
 
 

@@ -121,9 +121,7 @@ def test_no_random_host_passes_unless_it_is_an_exact_form(value: str, port: int)
     suffix=st.text(max_size=3),
     flip_case=st.lists(st.booleans(), min_size=16, max_size=16),
 )
-def test_no_near_miss_of_an_exact_form_passes(
-    exact: str, prefix: str, suffix: str, flip_case: list[bool]
-) -> None:
+def test_no_near_miss_of_an_exact_form_passes(exact: str, prefix: str, suffix: str, flip_case: list[bool]) -> None:
     cased = "".join(c.upper() if flip else c for c, flip in zip(exact, flip_case, strict=False))
     _assert_host_exact(prefix + cased + suffix, PORT)
 
@@ -236,9 +234,7 @@ def test_an_accepted_origin_is_one_the_settings_parser_maps_to_an_allowed_tuple(
 # --- Sec-Fetch-Site --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "values", [[], ["same-origin"], ["none"], ["Same-Origin"], ["NONE"], ["same-origin", "none"]]
-)
+@pytest.mark.parametrize("values", [[], ["same-origin"], ["none"], ["Same-Origin"], ["NONE"], ["same-origin", "none"]])
 def test_fetch_site_same_origin_none_or_absent_passes(values: list[str]) -> None:
     check_fetch_site(values)
 

@@ -104,9 +104,7 @@ def test_systemd_unit_escapes_control_characters_and_quotes_in_environment() -> 
         (["/bin/true"], {"X": "a\0"}, "NUL"),
     ],
 )
-def test_bad_commands_and_environments_are_refused(
-    argv: list[str], env: dict[str, str], message: str
-) -> None:
+def test_bad_commands_and_environments_are_refused(argv: list[str], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         render_systemd_unit(exec_argv=argv, env=env)
 
@@ -145,9 +143,7 @@ def test_systemd_reads_a_quoted_executable_path_as_one_word(tmp_path: Path) -> N
 
 def test_launchd_plist_round_trips_with_the_right_keys(tmp_path: Path) -> None:
     log = tmp_path / "Logs" / "daemon.log"
-    text = render_launchd_plist(
-        label=LAUNCHD_LABEL, exec_argv=AWKWARD_ARGV, env={"SIDECAR_HOME": "/x y"}, log_path=log
-    )
+    text = render_launchd_plist(label=LAUNCHD_LABEL, exec_argv=AWKWARD_ARGV, env={"SIDECAR_HOME": "/x y"}, log_path=log)
 
     plist = plistlib.loads(text.encode())
 
@@ -193,9 +189,7 @@ def test_reinstalling_on_linux_restarts_a_running_service(tmp_path: Path) -> Non
     assert "ExecStart=/bin/new\n" in result.path.read_text()
 
 
-def test_install_defaults_to_this_python_and_sidecar_home(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_install_defaults_to_this_python_and_sidecar_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SIDECAR_HOME", str(tmp_path / "sc"))
 
     result = install(platform="linux", home=tmp_path, run=Recorder())
@@ -260,9 +254,7 @@ def test_uninstall_removes_the_unit_even_when_systemctl_fails(tmp_path: Path) ->
     result = uninstall(platform="linux", home=tmp_path, run=Recorder(missing=True))
 
     assert not result.path.exists()
-    assert result.warnings == [
-        "systemctl not found; run by hand: systemctl --user disable --now sidecar.service"
-    ]
+    assert result.warnings == ["systemctl not found; run by hand: systemctl --user disable --now sidecar.service"]
 
 
 @pytest.mark.parametrize("platform", ["linux", "darwin"])

@@ -1,0 +1,354 @@
+"""Per-session connector processes: spawned lazily, supervised, and stopped with their session (SPEC §7).
+
+Each (session, connector) pair gets its own process, started on the first call that needs it with that
+session's workspace and envelope in its placeholders, and an environment scrubbed down to a small
+allowlist plus what the connector's ``mcp.json`` declares: no daemon secret, no route token, no user
+token reaches it. Each process lives in a *holder* task that owns its async contexts (anyio scopes must
+exit in the task that entered them); calls reach its ``ClientSession`` from any task.
+
+Supervision: a process that exits on its own is a crash. Its session's tools of that connector become
+unavailable (``on_change`` → ``tools/list_changed``); the pool restarts it after an exponential
+backoff and the tools return once it answers again (another ``list_changed``). A crash loop
+(``MAX_RESTARTS`` crashes within ``CRASH_WINDOW``) ends in ``error`` with the reason until the session
+ends. Caps bound processes per connector and in total, and idle processes are reaped (a later call
+spawns again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from mcp import ClientSession
+
+from sidecar.connectors.manifests import ConnectorSpec
+from sidecar.connectors.process import ConnectorProcess, ProcessLimits
+from sidecar.errors import ToolError
+
+__all__ = ["ConnectorPool", "LaunchContext", "PoolLimits", "launch_plan", "scrubbed_environment"]
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT: Final = 30.0
+"""Seconds a connector has to spawn and answer ``initialize`` (a cold ``npx``/``uvx`` may download first)."""
+CALL_TIMEOUT: Final = 300.0
+"""Seconds one proxied call may take before it is cancelled at the connector."""
+BACKOFF_START: Final = 0.5
+BACKOFF_MAX: Final = 30.0
+MAX_RESTARTS: Final = 5
+CRASH_WINDOW: Final = 60.0
+"""``MAX_RESTARTS`` crashes within this many seconds is a crash loop: the connector goes to ``error``."""
+
+ENV_ALLOWLIST: Final = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+)
+"""What a connector inherits from the daemon's environment; everything else must be declared."""
+_PYTHON_COMMANDS: Final = frozenset({"python", "python3"})
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLimits:
+    per_connector: int = 32
+    total: int = 128
+    idle_seconds: float = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchContext:
+    """What a process's placeholders expand to (SPEC §5)."""
+
+    origin: str
+    authorization: str
+    envelope: str
+    workspace: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+
+
+def scrubbed_environment(declared: Mapping[str, str], source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The allowlist from the daemon's environment, then what the connector declares."""
+    source = os.environ if source is None else source
+    env = {key: source[key] for key in ENV_ALLOWLIST if key in source}
+    env.update(declared)
+    return env
+
+
+def launch_plan(spec: ConnectorSpec, context: LaunchContext, *, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """argv, environment and cwd with every placeholder expanded; argv never goes through a shell."""
+    values = {
+        "SIDECAR_LOCAL_MCP_ORIGIN": context.origin,
+        "SIDECAR_LOCAL_MCP_AUTHORIZATION": context.authorization,
+        "SIDECAR_MCP_CONTEXT": context.envelope,
+        "SIDECAR_CONNECTOR_ROOT": str(spec.root) if spec.root is not None else "",
+        "SIDECAR_PROJECT_DIR": context.workspace,
+    }
+
+    def expand(text: str) -> str:
+        for name, value in values.items():
+            text = text.replace("${" + name + "}", value)
+        return text
+
+    launch = spec.launch
+    if launch.command is None:
+        raise ToolError(f"connector {spec.id} has no command to run")
+    command = expand(launch.command)
+    if spec.kind in ("package", "plugin") and command in _PYTHON_COMMANDS:
+        # Shipped Python packages run on the daemon's interpreter, where the mcp package is installed.
+        command = sys.executable
+    env = scrubbed_environment({k: expand(v) for k, v in launch.env.items()}, environ)
+    cwd = expand(launch.cwd) if launch.cwd else context.workspace
+    return LaunchPlan(argv=(command, *(expand(a) for a in launch.args)), env=env, cwd=cwd)
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One (session, connector) pair: its live process, or why there is none."""
+
+    process: ConnectorProcess | None = None
+    client: ClientSession | None = None
+    holder: asyncio.Task[None] | None = None
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    crashes: list[float] = field(default_factory=list)
+    retry_at: float = 0.0
+    error: str | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    calls: int = 0
+    spec: ConnectorSpec | None = None
+    plan: Callable[[], LaunchPlan] | None = None
+    restart: asyncio.Task[None] | None = None
+
+
+ChangeCallback = Callable[[str, str], None]
+"""(session id, connector id): the connector's availability in that session changed."""
+
+
+class ConnectorPool:
+    """All connector processes of all sessions."""
+
+    def __init__(
+        self,
+        *,
+        limits: PoolLimits | None = None,
+        process_limits: ProcessLimits | None = None,
+        on_change: ChangeCallback | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._limits = limits or PoolLimits()
+        self._process_limits = process_limits or ProcessLimits()
+        self._slots: dict[tuple[str, str], _Slot] = {}
+        self._on_change = on_change
+        self._clock = clock
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- facts ---------------------------------------------------------------------------------
+
+    def running(self, connector_id: str | None = None) -> int:
+        return sum(
+            1
+            for (_, cid), slot in self._slots.items()
+            if slot.client is not None and (connector_id is None or cid == connector_id)
+        )
+
+    def available(self, session_id: str, connector_id: str) -> bool:
+        """False while that session's process of the connector is crashed, backing off, or in error."""
+        slot = self._slots.get((session_id, connector_id))
+        if slot is None or slot.client is not None:
+            return True
+        return slot.error is None and not slot.crashes
+
+    def error(self, session_id: str, connector_id: str) -> str | None:
+        slot = self._slots.get((session_id, connector_id))
+        return slot.error if slot is not None else None
+
+    def pids(self) -> list[int]:
+        return [s.process.pid for s in self._slots.values() if s.process is not None and s.process.pid is not None]
+
+    # -- getting a client ----------------------------------------------------------------------
+
+    async def client(self, session_id: str, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> ClientSession:
+        """The session's live client for ``spec``, spawning it if needed (bounded by START_TIMEOUT)."""
+        key = (session_id, spec.id)
+        slot = self._slots.setdefault(key, _Slot())
+        slot.last_used = self._clock()
+        if slot.process is not None and slot.process.exited.is_set() and slot.holder is not None:
+            # It died and its holder is winding down: let it record the crash before deciding.
+            await asyncio.wait({slot.holder}, timeout=START_TIMEOUT)
+        if slot.client is not None:
+            return slot.client
+        async with slot.starting:
+            if slot.client is not None:
+                return slot.client
+            if slot.error is not None:
+                raise ToolError(f"connector {spec.id} is in error: {slot.error}")
+            wait = slot.retry_at - self._clock()
+            if wait > 0:
+                raise ToolError(f"connector {spec.id} crashed and restarts in {wait:.0f}s; try again then")
+            self._check_caps(spec.id)
+            slot.spec, slot.plan = spec, plan
+            ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+            slot.stop = asyncio.Event()
+            slot.holder = asyncio.create_task(self._hold(key, spec, plan(), slot, ready), name=f"connector-{spec.id}")
+            self._ensure_reaper()
+            try:
+                return await asyncio.wait_for(asyncio.shield(ready), START_TIMEOUT + 5)
+            except TimeoutError:
+                slot.stop.set()
+                raise ToolError(f"connector {spec.id} did not start within {START_TIMEOUT:.0f}s") from None
+
+    def _check_caps(self, connector_id: str) -> None:
+        if self.running(connector_id) >= self._limits.per_connector:
+            raise ToolError(f"connector {connector_id} already runs {self._limits.per_connector} processes")
+        if self.running() >= self._limits.total:
+            raise ToolError(f"sidecar already runs {self._limits.total} connector processes")
+
+    async def _hold(
+        self,
+        key: tuple[str, str],
+        spec: ConnectorSpec,
+        plan: LaunchPlan,
+        slot: _Slot,
+        ready: asyncio.Future[ClientSession],
+    ) -> None:
+        """Own one process and its client session until stopped or crashed."""
+        process = ConnectorProcess(plan.argv, env=plan.env, cwd=plan.cwd, limits=self._process_limits, name=spec.id)
+        slot.process = process
+        crashed = False
+        try:
+            async with process, process.transport() as (read, write), ClientSession(read, write) as session:
+                await asyncio.wait_for(session.initialize(), START_TIMEOUT)
+                slot.client = session
+                ready.set_result(session)
+                stop = asyncio.create_task(slot.stop.wait())
+                exited = asyncio.create_task(process.exited.wait())
+                await asyncio.wait({stop, exited}, return_when=asyncio.FIRST_COMPLETED)
+                crashed = not slot.stop.is_set()
+                stop.cancel()
+                exited.cancel()
+                slot.client = None
+        except Exception as exc:
+            crashed = not slot.stop.is_set()
+            reason = process.exit_reason or f"{type(exc).__name__}: {exc}"[:200]
+            if not ready.done():
+                ready.set_exception(ToolError(f"connector {spec.id} failed to start: {reason}"))
+            logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
+        finally:
+            slot.client = None
+            slot.process = None
+            if not ready.done():
+                ready.set_exception(ToolError(f"connector {spec.id} stopped before it was ready"))
+        if crashed:
+            self._crashed(key, slot, process.exit_reason or "exited")
+
+    def _crashed(self, key: tuple[str, str], slot: _Slot, reason: str) -> None:
+        now = self._clock()
+        slot.crashes = [t for t in slot.crashes if now - t < CRASH_WINDOW] + [now]
+        if len(slot.crashes) >= MAX_RESTARTS:
+            slot.error = f"crashed {len(slot.crashes)} times in {CRASH_WINDOW:.0f}s; last: {reason}"
+        else:
+            backoff = min(BACKOFF_MAX, BACKOFF_START * 2 ** (len(slot.crashes) - 1))
+            slot.retry_at = now + backoff
+            slot.restart = asyncio.get_running_loop().create_task(self._restart(key, slot, backoff))
+        logger.warning("connector %s in session %s crashed (%s)", key[1], key[0], reason)
+        self._changed(key)
+
+    async def _restart(self, key: tuple[str, str], slot: _Slot, backoff: float) -> None:
+        """Restart a crashed connector after its backoff; its tools return once it answers again."""
+        await asyncio.sleep(backoff)
+        if self._slots.get(key) is not slot or slot.spec is None or slot.plan is None:
+            return  # the session ended or the connector was withdrawn meanwhile
+        try:
+            await self.client(key[0], slot.spec, slot.plan)
+        except ToolError as exc:
+            logger.info("restart of %s in session %s failed: %s", key[1], key[0], exc)
+            return
+        self.healthy(*key)
+
+    async def settle(self, session_id: str, connector_id: str) -> str | None:
+        """After a lost connection: wait (bounded) for the holder to record the exit; return its reason."""
+        slot = self._slots.get((session_id, connector_id))
+        if slot is None or slot.holder is None:
+            return None
+        process = slot.process
+        await asyncio.wait({slot.holder}, timeout=START_TIMEOUT)
+        return process.exit_reason if process is not None else None
+
+    def healthy(self, session_id: str, connector_id: str) -> None:
+        """A call succeeded: a crashed connector is back, its tools return."""
+        slot = self._slots.get((session_id, connector_id))
+        if slot is not None and slot.crashes:
+            slot.crashes.clear()
+            slot.retry_at = 0.0
+            self._changed((session_id, connector_id))
+
+    def _changed(self, key: tuple[str, str]) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change(*key)
+            except Exception:
+                logger.exception("pool change listener failed")
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    async def stop_session(self, session_id: str) -> None:
+        await self._stop_where(lambda key: key[0] == session_id, forget=True)
+
+    async def stop_connector(self, connector_id: str) -> None:
+        await self._stop_where(lambda key: key[1] == connector_id, forget=True)
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self._stop_where(lambda key: True, forget=True)
+
+    async def _stop_where(self, match: Callable[[tuple[str, str]], bool], *, forget: bool) -> None:
+        keys = [key for key in self._slots if match(key)]
+        holders = []
+        for key in keys:
+            slot = self._slots[key]
+            slot.stop.set()
+            if slot.restart is not None:
+                slot.restart.cancel()
+            if slot.holder is not None:
+                holders.append(slot.holder)
+            if forget:
+                del self._slots[key]
+        if holders:
+            await asyncio.gather(*holders, return_exceptions=True)
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap(), name="connector-idle-reaper")
+
+    async def _reap(self) -> None:
+        interval = max(1.0, min(60.0, self._limits.idle_seconds / 4))
+        while self._slots:
+            await asyncio.sleep(interval)
+            now = self._clock()
+            for slot in list(self._slots.values()):
+                if slot.client is not None and now - slot.last_used > self._limits.idle_seconds:
+                    slot.stop.set()

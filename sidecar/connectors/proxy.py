@@ -1,0 +1,232 @@
+"""Connector tools in the pool: ``mcp__<id>__<tool>``, proxied to the session's own connector process.
+
+What a trusted connector offers is learned once per trust key by a *probe* (a process started with an
+empty scratch workspace and no session), cached in ``<state>/connectors/`` so that listing tools for a
+new session spawns nothing (SPEC §7). The probe's tool definitions are fingerprinted into the trust
+store; a later listing whose schema or description differs withholds that tool until the user trusts
+the connector again (rug-pull protection), and ``connectors show`` names the drift.
+
+Each tool is registered with its risk from ``connector.json`` (unknown third-party tools: MEDIUM), goes
+through the one decision of the tool pool like any other, and is called through ``ConnectorPool``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from mcp import types
+from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED
+
+from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
+from sidecar.connectors.manager import Connector, ConnectorManager
+from sidecar.connectors.manifests import ConnectorSpec
+from sidecar.connectors.pool import CALL_TIMEOUT, ConnectorPool, LaunchContext, LaunchPlan, launch_plan
+from sidecar.errors import StorageError, ToolError
+from sidecar.store.files import read_json, write_json
+from sidecar.store.trust import TrustStore, tool_fingerprint
+
+__all__ = ["ConnectorTools", "proxied_name"]
+
+logger = logging.getLogger(__name__)
+
+MAX_NAME: Final = 64
+"""Whole tool name limit: what downstream LLM APIs accept (notes/users.md §3.17)."""
+PROBE_SESSION: Final = "probe"
+
+
+def proxied_name(connector_id: str, tool: str) -> str:
+    return f"mcp__{connector_id}__{tool}"
+
+
+def _cache_file(directory: Path, key: str) -> Path:
+    return directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.tools.json"
+
+
+class ConnectorTools:
+    """Keeps the registry's connector tools in step with trust, and runs their calls."""
+
+    def __init__(
+        self,
+        *,
+        registry: ToolRegistry,
+        manager: ConnectorManager,
+        trust: TrustStore,
+        pool: ConnectorPool,
+        cache_dir: Path,
+        context: Callable[[str, str], LaunchContext],
+    ) -> None:
+        self._registry = registry
+        self._manager = manager
+        self._trust = trust
+        self._pool = pool
+        self._cache_dir = cache_dir
+        self._context = context
+        self._registered: dict[str, list[str]] = {}  # connector id -> registered tool names
+        self._defs: dict[str, dict[str, Mapping[str, Any]]] = {}  # connector id -> tool -> definition
+
+    # -- registration --------------------------------------------------------------------------
+
+    def sync(self) -> list[str]:
+        """Register the cached tools of every trusted connector, unregister the rest; return changed ids."""
+        changed = []
+        trusted = {c.id: c for c in self._manager.trusted()}
+        for connector_id in list(self._registered):
+            if connector_id not in trusted:
+                self._unregister(connector_id)
+                changed.append(connector_id)
+        for connector_id, connector in trusted.items():
+            if connector_id in self._registered:
+                continue
+            tools = self._cached(connector.key)
+            if tools is not None:
+                self._register(connector, tools)
+                changed.append(connector_id)
+        return changed
+
+    async def learn(self, connector: Connector) -> list[Mapping[str, Any]]:
+        """Probe a freshly trusted connector for its tools, cache them, approve their fingerprints."""
+        tools = await self._probe(connector.spec)
+        problems = [
+            f"{t['name']}: name too long as {proxied_name(connector.id, t['name'])}"
+            for t in tools
+            if len(proxied_name(connector.id, str(t["name"]))) > MAX_NAME
+        ]
+        if problems:
+            raise ToolError(f"connector {connector.id} refused: " + "; ".join(problems))
+        write_json(_cache_file(self._cache_dir, connector.key), {"key": connector.key, "tools": tools})
+        self._trust.approve_tools(connector.key, {str(t["name"]): tool_fingerprint(t) for t in tools})
+        self._unregister(connector.id)
+        self._register(connector, tools)
+        return tools
+
+    def _cached(self, key: str) -> list[Mapping[str, Any]] | None:
+        try:
+            data = read_json(_cache_file(self._cache_dir, key))
+        except FileNotFoundError:
+            return None
+        except StorageError as exc:
+            logger.warning("ignoring the tool cache for %s: %s", key, exc)
+            return None
+        if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("tools"), list):
+            return None
+        return [t for t in data["tools"] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+
+    def _register(self, connector: Connector, tools: list[Mapping[str, Any]]) -> None:
+        names = []
+        self._defs[connector.id] = {str(t["name"]): t for t in tools}
+        for tool in tools:
+            name = str(tool["name"])
+            full = proxied_name(connector.id, name)
+            if len(full) > MAX_NAME or self._registry.get(full) is not None:
+                logger.warning("not registering %s: name too long or taken", full)
+                continue
+            schema = tool.get("inputSchema") or {"type": "object", "properties": {}}
+            if not isinstance(schema, dict) or schema.get("type") != "object":
+                schema = {"type": "object", "properties": {}, "additionalProperties": True}
+            risk = Risk(connector.spec.tool_risks.get(name, Risk.MEDIUM.value))
+            try:
+                self._registry.add(
+                    name=full,
+                    description=str(tool.get("description") or "")[:2000],
+                    risk=risk,
+                    handler=self._handler(connector.id, name),
+                    parameters={**schema, "additionalProperties": True},
+                    title=tool.get("title") if isinstance(tool.get("title"), str) else None,
+                    available=self._availability(connector.id, name),
+                    source=f"connector:{connector.id}",
+                    server=connector.id,
+                )
+            except (ValueError, Exception) as exc:  # a schema jsonschema cannot use: skip that tool
+                logger.warning("not registering %s: %s", full, exc)
+                continue
+            names.append(full)
+        self._registered[connector.id] = names
+
+    def _unregister(self, connector_id: str) -> None:
+        for name in self._registered.pop(connector_id, []):
+            self._registry.remove(name)
+        self._defs.pop(connector_id, None)
+
+    def _availability(self, connector_id: str, tool: str) -> Callable[[Any], bool]:
+        def available(session: Any) -> bool:
+            connector = self._manager.get(connector_id)
+            return (
+                connector.trusted
+                and tool not in connector.tool_drift
+                and self._pool.available(session.id, connector_id)
+            )
+
+        return available
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def _handler(self, connector_id: str, tool: str) -> Callable[[dict[str, Any], CallContext], Any]:
+        async def call(arguments: dict[str, Any], context: CallContext) -> ToolOutput:
+            connector = self._manager.get(connector_id)
+            if not connector.trusted:
+                raise ToolError(f"connector {connector_id} is not trusted")
+            spec = connector.spec
+            client = await self._pool.client(
+                context.session_id,
+                spec,
+                lambda: launch_plan(spec, self._context(context.session_id, context.workspace)),
+            )
+            try:
+                result = await asyncio.wait_for(client.call_tool(tool, arguments), CALL_TIMEOUT)
+            except TimeoutError:
+                raise ToolError(f"{tool} took longer than {CALL_TIMEOUT:.0f}s") from None
+            except MCPError as exc:
+                if exc.error.code == CONNECTION_CLOSED:
+                    reason = await self._pool.settle(context.session_id, connector_id)
+                    raise ToolError(
+                        f"connector {connector_id} stopped unexpectedly ({reason or 'connection closed'}); "
+                        "sidecar restarts it on a later call"
+                    ) from None
+                raise ToolError(f"{connector_id}: {exc.error.message[:300]}") from None
+            self._pool.healthy(context.session_id, connector_id)
+            return _output(result)
+
+        return call
+
+    async def _probe(self, spec: ConnectorSpec) -> list[Mapping[str, Any]]:
+        with tempfile.TemporaryDirectory(prefix="sidecar-probe-") as scratch:
+            context = LaunchContext(origin="", authorization="", envelope="", workspace=scratch)
+            plan: LaunchPlan = launch_plan(spec, context)
+            session_id = f"{PROBE_SESSION}:{spec.id}"
+            try:
+                client = await self._pool.client(session_id, spec, lambda: plan)
+                tools: list[Mapping[str, Any]] = []
+                cursor: str | None = None
+                for _ in range(50):  # pages
+                    page = await client.list_tools(
+                        params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                    )
+                    tools.extend(t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+                return tools
+            except MCPError as exc:
+                raise ToolError(f"connector {spec.id} did not list its tools: {exc.error.message[:200]}") from None
+            finally:
+                await self._pool.stop_session(session_id)
+
+
+def _output(result: Any) -> ToolOutput:
+    if not isinstance(result, types.CallToolResult):
+        raise ToolError("the connector answered with something other than a tool result")
+    blocks = tuple(block.model_dump(by_alias=True, mode="json", exclude_none=True) for block in result.content)
+    text = "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text") or f"[{len(blocks)} blocks]"
+    return ToolOutput(
+        text=text,
+        structured=result.structured_content,
+        content=blocks,
+        is_error=bool(result.is_error),
+    )

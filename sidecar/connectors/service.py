@@ -1,0 +1,97 @@
+"""Connectors as one service: the manager, the process pool and the proxied tools, kept in step.
+
+Trusting a connector probes it for its tools and registers them; untrusting it, or a change of its
+config or package, stops its processes in every session and takes its tools out of the pool; a session
+that ends takes its processes with it. Every change of what a session may see is announced through
+``notify`` (the MCP layer sends ``tools/list_changed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+from sidecar.bus.registry import ToolRegistry
+from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
+from sidecar.connectors.pool import ConnectorPool, LaunchContext
+from sidecar.connectors.proxy import ConnectorTools
+from sidecar.errors import SidecarError
+from sidecar.store.trust import TrustStore
+
+__all__ = ["ConnectorService"]
+
+logger = logging.getLogger(__name__)
+
+Notify = Callable[[str | None], None]
+"""Announce a change of visible tools: to one session (its id) or to every session (None)."""
+
+
+class ConnectorService:
+    def __init__(
+        self,
+        *,
+        manager: ConnectorManager,
+        trust: TrustStore,
+        registry: ToolRegistry,
+        cache_dir: Path,
+        context: Callable[[str, str], LaunchContext],
+        notify: Notify,
+    ) -> None:
+        self.manager = manager
+        self._notify = notify
+        self.pool = ConnectorPool(on_change=lambda session_id, _: notify(session_id))
+        self.tools = ConnectorTools(
+            registry=registry, manager=manager, trust=trust, pool=self.pool, cache_dir=cache_dir, context=context
+        )
+        self._tasks: set[asyncio.Task[Any]] = set()
+        manager.running_count = self.pool.running
+        manager.subscribe(self._on_connector)
+
+    def start(self) -> None:
+        """Register the cached tools of the connectors trusted in earlier runs (spawns nothing)."""
+        self.tools.sync()
+
+    async def trust(self, connector_id: str) -> Connector:
+        """Trust, then learn the connector's tools; a connector that fails to start is left in ``error``."""
+        connector = self.manager.trust(connector_id)
+        try:
+            await self.tools.learn(connector)
+        except SidecarError as exc:
+            connector.state = ConnectorState.ERROR
+            connector.error = str(exc)
+            logger.warning("connector %s trusted but not usable: %s", connector_id, exc)
+        else:
+            connector.error = None
+        self._notify(None)
+        return connector
+
+    async def untrust(self, connector_id: str) -> Connector:
+        connector = self.manager.untrust(connector_id)
+        await self._withdraw(connector_id)
+        return connector
+
+    def session_ended(self, session_id: str) -> None:
+        self._background(self.pool.stop_session(session_id))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.pool.close()
+
+    def _on_connector(self, connector: Connector, event: str) -> None:
+        if event in ("untrusted", "changed"):
+            # SECURITY: what is no longer trusted stops now, in every session, and leaves the pool.
+            self._background(self._withdraw(connector.id))
+
+    async def _withdraw(self, connector_id: str) -> None:
+        await self.pool.stop_connector(connector_id)
+        self.tools.sync()
+        self._notify(None)
+
+    def _background(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,137 @@
+"""Connector tools through /mcp: per-session processes, the workspace package, crashes, untrust."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+from mcp import types
+
+from tests.conftest import Daemon, mcp_client
+
+REPO = Path(__file__).resolve().parents[2]
+ECHO = str(REPO / "tests" / "connectors" / "fixtures" / "echo_server.py")
+BOUND = 30.0
+
+
+def _text(result: types.CallToolResult) -> str:
+    content = result.content[0]
+    assert isinstance(content, types.TextContent)
+    return content.text
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+async def _trust_echo(daemon: Daemon) -> dict[str, Any]:
+    path = daemon.paths.config / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"echo": {"command": sys.executable, "args": [ECHO]}}}))
+    path.chmod(0o600)
+    return await daemon.control("POST", "/control/connectors/echo/trust")  # type: ignore[no-any-return]
+
+
+async def test_trusting_learns_the_tools_without_a_lasting_process(daemon: Daemon) -> None:
+    before = _children()
+    shown = await _trust_echo(daemon)
+    assert shown["state"] == "trusted" and shown["error"] is None
+    assert _children() == before  # the probe is gone
+    session = await daemon.new_session()
+    async with mcp_client(session) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert {"mcp__echo__echo", "mcp__echo__crash"} <= names
+        assert _children() == before  # listing spawns nothing
+        tool = next(t for t in (await client.list_tools()).tools if t.name == "mcp__echo__echo")
+        assert tool.meta is not None and tool.meta["dev.sidecar/risk"] == "MEDIUM"  # unknown third party
+
+
+async def test_two_sessions_get_two_processes_each_with_its_own_workspace(daemon: Daemon, tmp_path: Path) -> None:
+    await daemon.control("POST", "/control/connectors/workspace/trust")
+    spaces = []
+    for name in ("a", "b"):
+        ws = tmp_path / f"ws-{name}"
+        ws.mkdir()
+        (ws / f"only-in-{name}.txt").write_text(name)
+        spaces.append(ws)
+    one = await daemon.new_session(workspace=str(spaces[0]), mode="bypass")
+    two = await daemon.new_session(workspace=str(spaces[1]), mode="bypass")
+    before = _children()
+    async with mcp_client(one) as first, mcp_client(two) as second:
+        listed_one = _text(await first.call_tool("mcp__workspace__list_files", {}))
+        listed_two = _text(await second.call_tool("mcp__workspace__list_files", {}))
+        assert "only-in-a.txt" in listed_one and "only-in-b" not in listed_one
+        assert "only-in-b.txt" in listed_two and "only-in-a" not in listed_two
+        assert len(_children() - before) == 2
+        status = await daemon.control("GET", "/control/connectors/workspace")
+        assert (status["state"], status["running"]) == ("connected", 2)
+        escaped = await first.call_tool("mcp__workspace__read_file", {"path": "../ws-b/only-in-b.txt"})
+        assert escaped.is_error
+    await daemon.control("DELETE", f"/control/sessions/{one['session_id']}")
+    await daemon.control("DELETE", f"/control/sessions/{two['session_id']}")
+    async with asyncio.timeout(BOUND):
+        while _children() - before:
+            await asyncio.sleep(0.05)
+
+
+async def test_medium_connector_tools_ask_in_default_mode(daemon: Daemon) -> None:
+    await daemon.control("POST", "/control/connectors/workspace/trust")
+    session = await daemon.new_session()
+    async with mcp_client(session) as client:
+        result = await client.call_tool("mcp__workspace__write_file", {"path": "x.txt", "content": "hi"})
+        listed = await client.call_tool("mcp__workspace__list_files", {})
+    assert result.is_error and "needs the user's approval" in _text(result)
+    assert not listed.is_error
+    assert not (daemon.workspace / "x.txt").exists()
+
+
+async def test_a_crash_mid_call_is_an_error_result_and_the_next_call_recovers(daemon: Daemon) -> None:
+    await _trust_echo(daemon)
+    session = await daemon.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        assert _text(await client.call_tool("mcp__echo__echo", {"text": "one"})) == "one"
+        crashed = await client.call_tool("mcp__echo__crash", {})
+        assert crashed.is_error and "stopped unexpectedly (exited with code 3)" in _text(crashed)
+        health = await daemon.control("GET", "/healthz", expect=200)
+        assert health == {"status": "ok"}
+        async with asyncio.timeout(BOUND):  # backoff, then the tools come back on the next call
+            while True:
+                again = await client.call_tool("mcp__echo__echo", {"text": "two"})
+                if not again.is_error:
+                    break
+                assert "restarts in" in _text(again) or "not found or not available" in _text(again)
+                await asyncio.sleep(0.2)
+        assert _text(again) == "two"
+
+
+async def test_untrusting_stops_processes_and_removes_tools(daemon: Daemon) -> None:
+    await _trust_echo(daemon)
+    session = await daemon.new_session(mode="bypass")
+    before = _children()
+    async with mcp_client(session) as client:
+        await client.call_tool("mcp__echo__echo", {"text": "x"})
+        assert len(_children() - before) == 1
+        await daemon.control("POST", "/control/connectors/echo/untrust")
+        assert _children() - before == set()
+        names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
+        assert not any(n.startswith("mcp__echo__") for n in names)
+        gone = await client.call_tool("mcp__echo__echo", {"text": "x"})
+    assert _text(gone) == "tool not found or not available in this session"
+
+
+async def test_an_edited_config_withdraws_trust_and_tools(daemon: Daemon) -> None:
+    await _trust_echo(daemon)
+    path = daemon.paths.config / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"echo": {"command": sys.executable, "args": [ECHO, "-X"]}}}))
+    listing = await daemon.control("GET", "/control/connectors")
+    assert {c["id"]: c["state"] for c in listing["connectors"]}["echo"] == "disconnected"
+    session = await daemon.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        async with asyncio.timeout(BOUND):
+            while any(t.name.startswith("mcp__echo__") for t in (await client.list_tools(cache_mode="refresh")).tools):
+                await asyncio.sleep(0.05)
+        result = await client.call_tool("mcp__echo__echo", {"text": "x"})
+    assert result.is_error
