@@ -27,8 +27,9 @@ from mcp.client.streamable_http import streamable_http_client
 
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import Settings
-from sidecar.daemon import read_runtime, serve
+from sidecar.daemon import serve
 from sidecar.paths import Paths
+from sidecar.store.runtime import read_runtime
 
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
@@ -223,26 +224,33 @@ def sidecar_env(home: Path) -> dict[str, str]:
 
 
 def start_daemon_process(home: Path, *extra: str) -> DaemonProcess:
-    """``python -m sidecar serve --port 0`` as a real subprocess; returns once runtime.json exists."""
+    """``python -m sidecar serve --port 0`` as a real subprocess; returns once runtime.json exists.
+
+    The daemon's log goes to ``<home>/daemon.log`` (a file, not a pipe nobody drains: a chatty daemon
+    would block on a full pipe).
+    """
     env = sidecar_env(home)
     paths = Paths.resolve(env)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--port", "0", *extra],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "daemon.log"
+    with log.open("ab") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "serve", "--port", "0", *extra],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
     end = time.monotonic() + START_TIMEOUT
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise AssertionError(f"daemon exited early: {proc.stderr.read().decode() if proc.stderr else ''}")
+            raise AssertionError(f"daemon exited early: {log.read_text(errors='replace')[-2000:]}")
         runtime = read_runtime(paths)
         if runtime is not None and runtime.get("pid") == proc.pid:
             return DaemonProcess(proc, paths, env)
         time.sleep(0.02)
     proc.kill()
     proc.wait(5)
-    raise AssertionError("daemon did not write runtime.json in time")
+    raise AssertionError(f"daemon did not write runtime.json in time: {log.read_text(errors='replace')[-2000:]}")
 
 
 def stop_daemon_process(daemon: DaemonProcess) -> None:
@@ -253,8 +261,6 @@ def stop_daemon_process(daemon: DaemonProcess) -> None:
         except subprocess.TimeoutExpired:
             daemon.proc.kill()
             daemon.proc.wait(5)
-    if daemon.proc.stderr:
-        daemon.proc.stderr.close()
 
 
 @pytest.fixture

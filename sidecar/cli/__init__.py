@@ -73,14 +73,15 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
-    from sidecar.daemon import read_runtime
+    from sidecar.store.runtime import pid_alive
 
     client = _client(paths)
     pid = client.runtime["pid"]
     client.call("POST", "/control/stop")
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
-        if read_runtime(paths) is None:
+        # The process itself, not runtime.json: the daemon removes that file before its last cleanup.
+        if not pid_alive(pid):
             print(f"stopped sidecar (pid {pid})")
             return 0
         time.sleep(0.05)

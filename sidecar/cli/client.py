@@ -7,9 +7,9 @@ import urllib.error
 import urllib.request
 from typing import Any, Final
 
-from sidecar.daemon import read_runtime
 from sidecar.errors import SidecarError
 from sidecar.paths import Paths
+from sidecar.store.runtime import read_runtime
 
 __all__ = ["ControlClient", "DaemonNotRunning"]
 
@@ -25,7 +25,7 @@ class ControlClient:
     def __init__(self, paths: Paths) -> None:
         runtime = read_runtime(paths)
         if runtime is None:
-            raise DaemonNotRunning(f"no sidecar daemon is running for {paths.state.parent} (start: sidecar serve)")
+            raise DaemonNotRunning(f"no sidecar daemon is running for {paths.state} (start: sidecar serve)")
         self.runtime = runtime
         self._base = str(runtime["url"])
         self._token = str(runtime["control_token"])

@@ -1,0 +1,40 @@
+"""``<state>/runtime.json``: how clients find the running daemon (SPEC §1). Light on purpose: the CLI
+imports it for every command, so it must not pull in the server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from sidecar.errors import StorageError
+from sidecar.paths import Paths
+from sidecar.store.files import read_json
+
+__all__ = ["pid_alive", "read_runtime"]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): the signal check is all there is
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def read_runtime(paths: Paths) -> dict[str, Any] | None:
+    """The running daemon's runtime.json, or None if there is none or its pid is dead."""
+    try:
+        data = read_json(paths.runtime_file)
+    except FileNotFoundError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("pid"), int):
+        raise StorageError(f"{paths.runtime_file} is not a sidecar runtime file")
+    return data if pid_alive(data["pid"]) else None
