@@ -1,0 +1,79 @@
+"""Third-party MCP servers from the package registries, run as the user's own connectors.
+
+``mcp-server-time`` comes from PyPI (a test extra) and ``@modelcontextprotocol/server-everything`` from
+npm (``tests/third_party``, installed by ``scripts/test``). Both are configured in ``<config>/mcp.json``
+exactly as a user would, trusted through the control API, and used through ``/mcp`` with the SDK client.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import types
+
+from tests.conftest import Daemon, mcp_client
+
+EVERYTHING = Path(__file__).resolve().parents[1] / "third_party" / "node_modules" / "@modelcontextprotocol"
+EVERYTHING_MAIN = EVERYTHING / "server-everything" / "dist" / "index.js"
+
+
+def _servers() -> dict[str, dict[str, object]]:
+    node = shutil.which("node")
+    if node is None or not EVERYTHING_MAIN.exists():
+        pytest.fail("node and tests/third_party/node_modules are required: run scripts/test, which installs them")
+    return {
+        "time": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]},
+        "everything": {"command": node, "args": [str(EVERYTHING_MAIN), "stdio"]},
+    }
+
+
+async def _configure_and_trust(daemon: Daemon) -> None:
+    path = daemon.paths.config / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": _servers()}))
+    path.chmod(0o600)
+    for connector in ("time", "everything"):
+        shown = await daemon.control("POST", f"/control/connectors/{connector}/trust")
+        assert (shown["state"], shown["error"]) == ("trusted", None), shown
+
+
+async def test_registry_servers_are_trusted_listed_and_called_through_mcp(daemon: Daemon) -> None:
+    await _configure_and_trust(daemon)
+    session = await daemon.new_session(mode="bypass")
+    for era in ("legacy", "auto"):
+        async with mcp_client(session, mode=era) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"mcp__time__get_current_time", "mcp__everything__echo", "mcp__everything__get-sum"} <= names
+
+            now = await client.call_tool("mcp__time__get_current_time", {"timezone": "Asia/Tokyo"})
+            assert not now.is_error
+            assert "Asia/Tokyo" in now.content[0].text  # type: ignore[union-attr]
+
+            echo = await client.call_tool("mcp__everything__echo", {"message": "through sidecar"})
+            assert echo.content[0].text == "Echo: through sidecar"  # type: ignore[union-attr]
+
+            image = await client.call_tool("mcp__everything__get-tiny-image", {})
+            assert any(isinstance(block, types.ImageContent) for block in image.content)  # blocks pass through
+
+
+async def test_unknown_third_party_tools_default_to_medium_and_ask(daemon: Daemon) -> None:
+    await _configure_and_trust(daemon)
+    session = await daemon.new_session(mode="default")
+    async with mcp_client(session) as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert tools["mcp__everything__echo"].meta["dev.sidecar/risk"] == "MEDIUM"  # type: ignore[index]
+        asked = await client.call_tool("mcp__everything__echo", {"message": "x"})
+    assert asked.is_error and "needs the user's approval" in asked.content[0].text  # type: ignore[union-attr]
+
+
+async def test_a_session_grant_can_name_a_whole_connector(daemon: Daemon) -> None:
+    await _configure_and_trust(daemon)
+    session = await daemon.new_session(mode="bypass", allow=["mcp__time__*"])
+    async with mcp_client(session) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        denied = await client.call_tool("mcp__everything__echo", {"message": "x"})
+    assert names and all(n.startswith("mcp__time__") for n in names)
+    assert denied.content[0].text == "tool not found or not available in this session"  # type: ignore[union-attr]
