@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psutil
 from mcp import types
 
@@ -22,6 +23,14 @@ def _text(result: types.CallToolResult) -> str:
     content = result.content[0]
     assert isinstance(content, types.TextContent)
     return content.text
+
+
+async def _rest(daemon: Daemon, session: dict[str, Any], method: str, path: str, body: Any) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
+        http.request(method, daemon.url + path, json=body, headers=session["headers"]) as response,
+    ):
+        return response.status, await response.json(content_type=None)
 
 
 def _children() -> set[int]:
@@ -119,7 +128,13 @@ async def test_untrusting_stops_processes_and_removes_tools(daemon: Daemon) -> N
         names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
         assert not any(n.startswith("mcp__echo__") for n in names)
         gone = await client.call_tool("mcp__echo__echo", {"text": "x"})
+        found = await client.call_tool("tool_search", {"query": "echo text unchanged"})
+        deferred = await client.call_tool("tool_call", {"name": "mcp__echo__echo", "arguments": {"text": "x"}})
     assert _text(gone) == "tool not found or not available in this session"
+    assert "mcp__echo__" not in json.dumps(found.structured_content)
+    assert _text(deferred) == "tool not found or not available in this session"
+    status, _ = await _rest(daemon, session, "POST", "/api/v1/mcp/tools/mcp__echo__echo/invoke", {"arguments": {}})
+    assert status == 404  # an untrusted connector's tools do not exist on any path
 
 
 async def test_an_edited_config_withdraws_trust_and_tools(daemon: Daemon) -> None:
