@@ -18,19 +18,18 @@ event loop; it holds no lock.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Final
+from typing import Annotated, ClassVar, Final
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from sidecar.errors import StorageError
-from sidecar.store.files import read_private
+from sidecar.store.files import loads_strict, read_private
 
 __all__ = [
     "MANIFEST_NAME",
@@ -120,20 +119,6 @@ class _Unexpected(Exception):
     """Wraps a bug met while loading, so the caller can log its traceback."""
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # SECURITY: with duplicate keys json keeps the last one, so a second "tools" could silently free a tool.
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {_quote(key)}")
-        result[key] = value
-    return result
-
-
 def _quote(part: object) -> str:
     text = str(part)
     if len(text) > _MAX_LOC_PART:
@@ -149,7 +134,7 @@ def load_manifest(path: Path) -> dict[str, BillableTool]:
     """
     raw = read_private(path, max_bytes=_MAX_MANIFEST_BYTES)  # SECURITY: no symlinks, ours, not writable by others
     try:
-        data = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+        data = loads_strict(raw)
     except (ValueError, RecursionError) as exc:
         raise StorageError(f"{path}: not valid JSON ({exc})") from exc
     try:

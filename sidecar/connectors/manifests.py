@@ -31,7 +31,7 @@ from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 from sidecar.errors import ConfigError, StorageError
-from sidecar.store.files import read_private
+from sidecar.store.files import loads_strict, read_private
 
 __all__ = [
     "BILLING_FILE",
@@ -216,20 +216,6 @@ def _kind(value: object) -> str:
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # SECURITY: json keeps the last of duplicate keys, so a second "command" or server would hide the first.
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {_quote(key)}")
-        result[key] = value
-    return result
-
-
 def _read(path: Path) -> object:
     """Parse one manifest; ``FileNotFoundError`` passes through, anything else wrong raises ``_Invalid``."""
     try:
@@ -241,7 +227,7 @@ def _read(path: Path) -> object:
             what = str(exc).removeprefix(str(path)).lstrip(": ")
         raise _Invalid(ManifestProblem(path, f"{path}: {what}")) from exc
     try:
-        return json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+        return loads_strict(raw)
     except (ValueError, RecursionError) as exc:
         raise _Invalid(ManifestProblem(path, f"{path}: not valid JSON ({exc})")) from exc
 

@@ -21,6 +21,7 @@ from sidecar.errors import StorageError
 __all__ = [
     "append_line",
     "ensure_private_dir",
+    "loads_strict",
     "open_append",
     "open_private",
     "read_json",
@@ -122,17 +123,38 @@ def write_json(path: Path, value: Any) -> None:
     write_atomic(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def read_json(path: Path) -> Any:
-    """``read_private`` + strict JSON (no NaN); a parse failure is a ``StorageError`` naming the file."""
-    raw = read_private(path)
+def loads_strict(raw: bytes | str) -> Any:
+    """JSON as a security-relevant file must be: no NaN/Infinity, no duplicate keys, bounded depth.
+
+    ``json.loads`` keeps the last of duplicate keys (a second ``"tools"`` or ``"command"`` would
+    silently win) and raises ``RecursionError`` on deep nesting; both become ``ValueError`` here.
+    """
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise StorageError(f"{path}: not valid JSON ({exc})") from exc
+        return json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key[:80]!r}")
+        result[key] = value
+    return result
+
+
+def read_json(path: Path) -> Any:
+    """``read_private`` + ``loads_strict``; a parse failure is a ``StorageError`` naming the file."""
+    raw = read_private(path)
+    try:
+        return loads_strict(raw)
+    except ValueError as exc:
+        raise StorageError(f"{path}: not valid JSON ({exc})") from exc
 
 
 def open_append(path: Path) -> int:

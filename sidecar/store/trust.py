@@ -54,7 +54,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
 from sidecar.errors import NotFound, StorageError
-from sidecar.store.files import read_private, remove_quietly, write_atomic
+from sidecar.store.files import loads_strict, read_private, remove_quietly, write_atomic
 
 __all__ = [
     "EVENT_GRANTED",
@@ -171,25 +171,11 @@ def _canonical(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # SECURITY: json.loads keeps the last of duplicate keys; a file that says two things is refused.
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key[:80]!r}")
-        result[key] = value
-    return result
-
-
 def _parse(raw: bytes, path: Path) -> dict[str, TrustRecord]:
     """Strict JSON + schema → records; ``StorageError`` naming the file and the first problem."""
     try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        value = loads_strict(raw.decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError is a ValueError
         raise StorageError(f"{path}: not valid JSON ({exc})") from exc
     try:
         document = _Document.model_validate(value)
