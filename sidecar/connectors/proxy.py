@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import logging
 import tempfile
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -61,6 +62,7 @@ class ConnectorTools:
         pool: ConnectorPool,
         cache_dir: Path,
         context: Callable[[str, str], LaunchContext],
+        notify_drift: Callable[[], None] = lambda: None,
     ) -> None:
         self._registry = registry
         self._manager = manager
@@ -70,6 +72,8 @@ class ConnectorTools:
         self._context = context
         self._registered: dict[str, list[str]] = {}  # connector id -> registered tool names
         self._defs: dict[str, dict[str, Mapping[str, Any]]] = {}  # connector id -> tool -> definition
+        self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # client sessions already drift-checked
+        self._notify_drift = notify_drift
 
     # -- registration --------------------------------------------------------------------------
 
@@ -178,6 +182,13 @@ class ConnectorTools:
                 spec,
                 lambda: launch_plan(spec, self._context(context.session_id, context.workspace)),
             )
+            if client not in self._checked:
+                await self._check_drift(connector, client)
+            if tool in connector.tool_drift:
+                raise ToolError(
+                    f"{tool} changed since {connector_id} was trusted ({connector.tool_drift[tool]}); it is withheld "
+                    f"until the user reviews it and runs: sidecar connectors trust {connector_id}"
+                )
             try:
                 result = await asyncio.wait_for(client.call_tool(tool, arguments), CALL_TIMEOUT)
             except TimeoutError:
@@ -195,6 +206,29 @@ class ConnectorTools:
 
         return call
 
+    async def _check_drift(self, connector: Connector, client: Any) -> None:
+        """Rug-pull check, once per process: its tools against the fingerprints approved at trust."""
+        self._checked.add(client)
+        tools = await self._list(client)
+        drift = self._trust.tool_drift(connector.key, {str(t["name"]): tool_fingerprint(t) for t in tools})
+        if drift != connector.tool_drift:
+            connector.tool_drift = drift
+            if drift:
+                logger.warning("connector %s changed tools since it was trusted: %s", connector.id, drift)
+            self._notify_drift()
+
+    @staticmethod
+    async def _list(client: Any) -> list[Mapping[str, Any]]:
+        tools: list[Mapping[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(50):  # pages
+            page = await client.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+            tools.extend(t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return tools
+
     async def _probe(self, spec: ConnectorSpec) -> list[Mapping[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="sidecar-probe-") as scratch:
             context = LaunchContext(origin="", authorization="", envelope="", workspace=scratch)
@@ -202,17 +236,7 @@ class ConnectorTools:
             session_id = f"{PROBE_SESSION}:{spec.id}"
             try:
                 client = await self._pool.client(session_id, spec, lambda: plan)
-                tools: list[Mapping[str, Any]] = []
-                cursor: str | None = None
-                for _ in range(50):  # pages
-                    page = await client.list_tools(
-                        params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                    )
-                    tools.extend(t.model_dump(by_alias=True, mode="json", exclude_none=True) for t in page.tools)
-                    cursor = page.next_cursor
-                    if not cursor:
-                        break
-                return tools
+                return await self._list(client)
             except MCPError as exc:
                 raise ToolError(f"connector {spec.id} did not list its tools: {exc.error.message[:200]}") from None
             finally:

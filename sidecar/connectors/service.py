@@ -44,7 +44,13 @@ class ConnectorService:
         self._notify = notify
         self.pool = ConnectorPool(on_change=lambda session_id, _: notify(session_id))
         self.tools = ConnectorTools(
-            registry=registry, manager=manager, trust=trust, pool=self.pool, cache_dir=cache_dir, context=context
+            registry=registry,
+            manager=manager,
+            trust=trust,
+            pool=self.pool,
+            cache_dir=cache_dir,
+            context=context,
+            notify_drift=lambda: notify(None),
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         manager.running_count = self.pool.running
