@@ -26,7 +26,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+import httpx2
 from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
@@ -82,9 +84,13 @@ class LaunchContext:
 
 @dataclass(frozen=True, slots=True)
 class LaunchPlan:
+    """stdio: ``argv``/``env``/``cwd``; Streamable HTTP: ``url``/``headers`` (no process of ours)."""
+
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cwd: str | None
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def scrubbed_environment(declared: Mapping[str, str], source: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -111,6 +117,11 @@ def launch_plan(spec: ConnectorSpec, context: LaunchContext, *, environ: Mapping
         return text
 
     launch = spec.launch
+    if launch.transport == "http":
+        if launch.url is None:
+            raise ToolError(f"connector {spec.id} has no URL")
+        headers = {k: expand(v) for k, v in launch.headers.items()}
+        return LaunchPlan(argv=(), env={}, cwd=None, url=expand(launch.url), headers=headers)
     if launch.command is None:
         raise ToolError(f"connector {spec.id} has no command to run")
     command = expand(launch.command)
@@ -233,6 +244,9 @@ class ConnectorPool:
         ready: asyncio.Future[ClientSession],
     ) -> None:
         """Own one process and its client session until stopped or crashed."""
+        if plan.url is not None:
+            await self._hold_http(key, spec, plan, slot, ready)
+            return
         process = ConnectorProcess(plan.argv, env=plan.env, cwd=plan.cwd, limits=self._process_limits, name=spec.id)
         slot.process = process
         crashed = False
@@ -261,6 +275,38 @@ class ConnectorPool:
                 ready.set_exception(ToolError(f"connector {spec.id} stopped before it was ready"))
         if crashed:
             self._crashed(key, slot, process.exit_reason or "exited")
+
+    async def _hold_http(
+        self,
+        key: tuple[str, str],
+        spec: ConnectorSpec,
+        plan: LaunchPlan,
+        slot: _Slot,
+        ready: asyncio.Future[ClientSession],
+    ) -> None:
+        """A Streamable HTTP connector: one MCP session per sidecar session, no process to supervise."""
+        assert plan.url is not None
+        try:
+            async with (
+                httpx2.AsyncClient(
+                    headers=dict(plan.headers), timeout=httpx2.Timeout(CALL_TIMEOUT, connect=10.0)
+                ) as http,
+                streamable_http_client(plan.url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await asyncio.wait_for(session.initialize(), START_TIMEOUT)
+                slot.client = session
+                ready.set_result(session)
+                await slot.stop.wait()
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:200]
+            if not ready.done():
+                ready.set_exception(ToolError(f"connector {spec.id} is not reachable: {reason}"))
+            logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
+        finally:
+            slot.client = None
+            if not ready.done():
+                ready.set_exception(ToolError(f"connector {spec.id} stopped before it was ready"))
 
     def _crashed(self, key: tuple[str, str], slot: _Slot, reason: str) -> None:
         now = self._clock()

@@ -175,3 +175,32 @@ async def test_a_tool_that_changes_after_trust_is_withheld_until_trusted_again(d
         await daemon.control("POST", "/control/connectors/drifty/trust")  # the user reviewed and accepts it
         again = await client.call_tool("mcp__drifty__fetch", {"url": "https://example.org"})
     assert not again.is_error and _text(again) == "fetched https://example.org"
+
+
+async def test_a_streamable_http_server_is_connected_to_not_spawned(daemon: Daemon) -> None:
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO / "scripts" / "bench_reference_server.py"),
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert server.stdout is not None
+        line = await asyncio.wait_for(server.stdout.readline(), BOUND)
+        port = int(line.decode().split()[1])
+        path = daemon.paths.config / "mcp.json"
+        path.write_text(json.dumps({"mcpServers": {"remote": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"}}}))
+        path.chmod(0o600)
+        shown = await daemon.control("POST", "/control/connectors/remote/trust")
+        assert (shown["state"], shown["transport"]) == ("trusted", "http"), shown
+        session = await daemon.new_session(mode="bypass")
+        before = _children()
+        async with mcp_client(session) as client:
+            result = await client.call_tool("mcp__remote__calculate", {"expression": "6*7"})
+        assert not result.is_error and _text(result) == "42"
+        assert _children() == before  # nothing was spawned for it
+    finally:
+        server.terminate()
+        await asyncio.wait_for(server.wait(), BOUND)
