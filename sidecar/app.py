@@ -128,7 +128,7 @@ def build_app(
         ),
     )
     endpoint = McpEndpoint(
-        build_mcp_server(tools=tools, sessions=sessions, hub=hub),
+        build_mcp_server(tools=tools, sessions=sessions, hub=hub, catalog=connector_service.catalog),
         settings=settings,
         inflight=inflight,
         hub=hub,

@@ -16,13 +16,14 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from mcp import types
 from mcp.server import NotificationOptions, Server, ServerRequestContext
 from mcp.server.models import InitializationOptions
 from mcp.server.session import ServerSession
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.shared.exceptions import MCPError
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from sidecar import __version__
@@ -32,6 +33,7 @@ from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.registry import Risk, ToolDef
 from sidecar.bus.tools import ToolService
+from sidecar.errors import NotFound, ToolError
 
 __all__ = ["CALLER", "ChangeHub", "build_mcp_server", "tool_control_id"]
 
@@ -41,6 +43,8 @@ MAX_LEGACY_PER_SESSION: Final = 64
 """MCP transport sessions remembered per sidecar session for list_changed (oldest dropped first)."""
 
 META_PREFIX: Final = "dev.sidecar/"
+RESOURCE_NOT_FOUND: Final = -32002
+"""MCP's error code for an unknown resource."""
 
 
 def tool_control_id(tool: ToolDef) -> str:
@@ -61,6 +65,20 @@ def _principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
         # Only reachable if the bridge was bypassed; refuse rather than guess.
         raise PermissionError("request reached the MCP server without a verified principal")
     return principal
+
+
+class Catalog(Protocol):
+    """Resources and prompts from connectors (``connectors/catalog.py``), per session."""
+
+    def resources(self, session: Session) -> list[types.Resource]: ...
+
+    def templates(self, session: Session) -> list[types.ResourceTemplate]: ...
+
+    def prompts(self, session: Session) -> list[types.Prompt]: ...
+
+    async def read(self, session: Session, uri: str) -> types.ReadResourceResult: ...
+
+    async def prompt(self, session: Session, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult: ...
 
 
 class ChangeHub:
@@ -151,7 +169,9 @@ def _tool_to_mcp(tool: ToolDef) -> types.Tool:
     )
 
 
-def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeHub) -> Server[Any]:
+def build_mcp_server(
+    *, tools: ToolService, sessions: SessionStore, hub: ChangeHub, catalog: Catalog | None = None
+) -> Server[Any]:
     """The SDK server for ``/mcp``. Every handler resolves the live session first."""
 
     def live_session(ctx: ServerRequestContext[Any, Any]) -> Session | None:
@@ -221,6 +241,8 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
         tool = tools.lookup(session, name) if session is not None else None
         return dict(tool.input_schema) if tool is not None else None
 
+    catalog_handlers = _catalog_handlers(catalog, live_session)
+
     server = _SidecarServer(
         "sidecar",
         version=__version__,
@@ -229,10 +251,70 @@ def build_mcp_server(*, tools: ToolService, sessions: SessionStore, hub: ChangeH
         on_call_tool=on_call_tool,
         on_subscriptions_listen=hub.listen,
         get_tool_input_schema=input_schema,
+        **catalog_handlers,
     )
     # The SDK's default OpenTelemetry middleware costs ~11 µs a call and exports nothing here.
     server.middleware = [remember_clients]
     return server
+
+
+def _catalog_handlers(
+    catalog: Catalog | None, live_session: Callable[[ServerRequestContext[Any, Any]], Session | None]
+) -> dict[str, Any]:
+    """Resources and prompts of the session's connectors: namespaced, routed to its own processes."""
+
+    def live(ctx: ServerRequestContext[Any, Any]) -> Session:
+        session = live_session(ctx)
+        if session is None:
+            raise MCPError(code=types.INVALID_REQUEST, message="this session has ended")
+        return session
+
+    async def on_list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=catalog.resources(live(ctx)) if catalog else [])
+
+    async def on_list_resource_templates(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=catalog.templates(live(ctx)) if catalog else [])
+
+    async def on_read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        if catalog is None:
+            raise MCPError(code=RESOURCE_NOT_FOUND, message="resource not found")
+        try:
+            return await catalog.read(live(ctx), str(params.uri))
+        except NotFound:
+            raise MCPError(code=RESOURCE_NOT_FOUND, message="resource not found") from None
+        except ToolError as exc:
+            raise MCPError(code=types.INTERNAL_ERROR, message=str(exc)) from None
+
+    async def on_list_prompts(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=catalog.prompts(live(ctx)) if catalog else [])
+
+    async def on_get_prompt(
+        ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        if catalog is None:
+            raise MCPError(code=types.INVALID_PARAMS, message="prompt not found")
+        try:
+            return await catalog.prompt(live(ctx), params.name, params.arguments)
+        except NotFound:
+            raise MCPError(code=types.INVALID_PARAMS, message="prompt not found") from None
+        except ToolError as exc:
+            raise MCPError(code=types.INTERNAL_ERROR, message=str(exc)) from None
+
+    return {
+        "on_list_resources": on_list_resources,
+        "on_list_resource_templates": on_list_resource_templates,
+        "on_read_resource": on_read_resource,
+        "on_list_prompts": on_list_prompts,
+        "on_get_prompt": on_get_prompt,
+    }
 
 
 def _elicitation_asker(ctx: ServerRequestContext[Any, Any]) -> Asker | None:

@@ -73,6 +73,7 @@ class ConnectorTools:
         self._registered: dict[str, list[str]] = {}  # connector id -> registered tool names
         self._defs: dict[str, dict[str, Mapping[str, Any]]] = {}  # connector id -> tool -> definition
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # client sessions already drift-checked
+        self._offers: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
         self._notify_drift = notify_drift
 
     # -- registration --------------------------------------------------------------------------
@@ -88,15 +89,17 @@ class ConnectorTools:
         for connector_id, connector in trusted.items():
             if connector_id in self._registered:
                 continue
-            tools = self._cached(connector.key)
-            if tools is not None:
-                self._register(connector, tools)
+            offers = self._cached(connector.key)
+            if offers is not None:
+                self._offers[connector_id] = offers
+                self._register(connector, offers["tools"])
                 changed.append(connector_id)
         return changed
 
     async def learn(self, connector: Connector) -> list[Mapping[str, Any]]:
         """Probe a freshly trusted connector for its tools, cache them, approve their fingerprints."""
-        tools = await self._probe(connector.spec)
+        offers = await self._probe(connector.spec)
+        tools = offers["tools"]
         problems = [
             f"{t['name']}: name too long as {proxied_name(connector.id, t['name'])}"
             for t in tools
@@ -104,13 +107,14 @@ class ConnectorTools:
         ]
         if problems:
             raise ToolError(f"connector {connector.id} refused: " + "; ".join(problems))
-        write_json(_cache_file(self._cache_dir, connector.key), {"key": connector.key, "tools": tools})
+        write_json(_cache_file(self._cache_dir, connector.key), {"key": connector.key, **offers})
         self._trust.approve_tools(connector.key, {str(t["name"]): tool_fingerprint(t) for t in tools})
         self._unregister(connector.id)
         self._register(connector, tools)
+        self._offers[connector.id] = offers
         return tools
 
-    def _cached(self, key: str) -> list[Mapping[str, Any]] | None:
+    def _cached(self, key: str) -> dict[str, list[Mapping[str, Any]]] | None:
         try:
             data = read_json(_cache_file(self._cache_dir, key))
         except FileNotFoundError:
@@ -120,7 +124,20 @@ class ConnectorTools:
             return None
         if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("tools"), list):
             return None
-        return [t for t in data["tools"] if isinstance(t, dict) and isinstance(t.get("name"), str)]
+        offers: dict[str, list[Mapping[str, Any]]] = {}
+        for kind, required in (
+            ("tools", "name"),
+            ("resources", "uri"),
+            ("resourceTemplates", "uriTemplate"),
+            ("prompts", "name"),
+        ):
+            items = data.get(kind, [])
+            offers[kind] = [i for i in items if isinstance(i, dict) and isinstance(i.get(required), str)]
+        return offers
+
+    def offers(self, connector_id: str) -> Mapping[str, list[Mapping[str, Any]]]:
+        """What a trusted connector offers besides tools (cached with them): resources, templates, prompts."""
+        return self._offers.get(connector_id, {})
 
     def _register(self, connector: Connector, tools: list[Mapping[str, Any]]) -> None:
         names = []
@@ -157,6 +174,7 @@ class ConnectorTools:
         for name in self._registered.pop(connector_id, []):
             self._registry.remove(name)
         self._defs.pop(connector_id, None)
+        self._offers.pop(connector_id, None)
 
     def _availability(self, connector_id: str, tool: str) -> Callable[[Any], bool]:
         def available(session: Any) -> bool:
@@ -229,14 +247,28 @@ class ConnectorTools:
                 break
         return tools
 
-    async def _probe(self, spec: ConnectorSpec) -> list[Mapping[str, Any]]:
+    async def _probe(self, spec: ConnectorSpec) -> dict[str, list[Mapping[str, Any]]]:
         with tempfile.TemporaryDirectory(prefix="sidecar-probe-") as scratch:
             context = LaunchContext(origin="", authorization="", envelope="", workspace=scratch)
             plan: LaunchPlan = launch_plan(spec, context)
             session_id = f"{PROBE_SESSION}:{spec.id}"
             try:
                 client = await self._pool.client(session_id, spec, lambda: plan)
-                return await self._list(client)
+                offers: dict[str, list[Mapping[str, Any]]] = {"tools": await self._list(client)}
+                for kind, method, field in (
+                    ("resources", client.list_resources, "resources"),
+                    ("resourceTemplates", client.list_resource_templates, "resource_templates"),
+                    ("prompts", client.list_prompts, "prompts"),
+                ):
+                    try:
+                        page = await method()
+                    except Exception:  # not offered (METHOD_NOT_FOUND, no capability) or refused: none of that kind
+                        offers[kind] = []
+                        continue
+                    offers[kind] = [
+                        item.model_dump(by_alias=True, mode="json", exclude_none=True) for item in getattr(page, field)
+                    ]
+                return offers
             except MCPError as exc:
                 raise ToolError(f"connector {spec.id} did not list its tools: {exc.error.message[:200]}") from None
             finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.bus.registry import ToolRegistry
+from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
 from sidecar.connectors.pool import ConnectorPool, LaunchContext
 from sidecar.connectors.proxy import ConnectorTools
@@ -52,6 +53,7 @@ class ConnectorService:
             context=context,
             notify_drift=lambda: notify(None),
         )
+        self.catalog = ConnectorCatalog(manager=manager, pool=self.pool, offers=self.tools.offers, context=context)
         self._tasks: set[asyncio.Task[Any]] = set()
         manager.running_count = self.pool.running
         manager.subscribe(self._on_connector)

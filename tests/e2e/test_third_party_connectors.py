@@ -77,3 +77,35 @@ async def test_a_session_grant_can_name_a_whole_connector(daemon: Daemon) -> Non
         denied = await client.call_tool("mcp__everything__echo", {"message": "x"})
     assert names and all(n.startswith("mcp__time__") for n in names)
     assert denied.content[0].text == "tool not found or not available in this session"  # type: ignore[union-attr]
+
+
+async def test_resources_and_prompts_are_proxied_under_namespaced_names(daemon: Daemon) -> None:
+    await _configure_and_trust(daemon)
+    session = await daemon.new_session(mode="read-only", allow=["mcp__everything__*"])
+    async with mcp_client(session, mode="legacy") as client:
+        resources = (await client.list_resources()).resources
+        assert resources and all(str(r.uri).startswith("sidecar:everything/") for r in resources)
+        first = resources[0]
+        read = await client.read_resource(str(first.uri))
+        assert read.contents and str(read.contents[0].uri) == str(first.uri)
+
+        templates = (await client.list_resource_templates()).resource_templates
+        assert all(t.uri_template.startswith("sidecar:everything/") for t in templates)
+
+        prompts = {p.name for p in (await client.list_prompts()).prompts}
+        assert "mcp__everything__simple-prompt" in prompts
+        got = await client.get_prompt("mcp__everything__simple-prompt", {})
+        assert got.messages
+
+        with pytest.raises(Exception, match="not found"):
+            await client.read_resource("sidecar:time/file:///etc/passwd")  # not offered, not visible
+
+
+async def test_a_session_without_the_connector_in_its_grant_sees_no_resources(daemon: Daemon) -> None:
+    await _configure_and_trust(daemon)
+    session = await daemon.new_session(allow=["calculate"])
+    async with mcp_client(session, mode="legacy") as client:
+        assert (await client.list_resources()).resources == []
+        assert (await client.list_prompts()).prompts == []
+        with pytest.raises(Exception, match="not found"):
+            await client.read_resource("sidecar:everything/demo://resource/static/document/architecture.md")
