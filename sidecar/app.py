@@ -110,8 +110,8 @@ def build_app(
             workspace=workspace,
         ),
         notify=announcer,
+        routes=routes,
     )
-    connector_service.start()
     approvals = ApprovalStore()
     billing = BillingGate(billing_sources(settings, paths))
     tools = ToolService(
@@ -172,10 +172,19 @@ def build_app(
     app.on_response_prepare.append(add_vary_origin)
     app.router.add_get("/healthz", healthz)
     app.router.add_route("*", "/mcp", mcp)
+    app.router.add_route("*", "/mcp/connectors/{connector_id}", mcp)
     RestFacade(registry=registry, tools=tools, sessions=sessions, limits=settings.limits).add_routes(app)
     add_control_routes(app)
 
-    _add_lifecycle(app, audit=audit, endpoint=endpoint, routes=routes, sessions=sessions, runtime=runtime)
+    _add_lifecycle(
+        app,
+        audit=audit,
+        endpoint=endpoint,
+        routes=routes,
+        sessions=sessions,
+        runtime=runtime,
+        connectors=connector_service,
+    )
 
     async def connectors_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
@@ -193,6 +202,7 @@ def _add_lifecycle(
     routes: RouteRegistry,
     sessions: SessionStore,
     runtime: Runtime,
+    connectors: ConnectorService,
 ) -> None:
     """Start-up and teardown, in dependency order (teardown runs in reverse)."""
 
@@ -208,6 +218,7 @@ def _add_lifecycle(
 
     async def routes_ctx(app: web.Application) -> AsyncIterator[None]:
         routes.register(PROXY_ROUTE, path="/mcp")
+        connectors.start()  # cached tools of connectors trusted earlier, and their own routes
         yield
         await revoke_all(app)
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sidecar import __version__
 from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTIME, SESSIONS, SETTINGS
 from sidecar.auth.routes import PROXY_ROUTE
-from sidecar.errors import RequestRejected
+from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.net.body import read_body
 
@@ -39,6 +39,8 @@ class NewSession(_Body):
     allow: list[str] = Field(default_factory=lambda: ["*"], max_length=256)
     network: bool = True
     ttl: int | None = None
+    connector: str | None = None
+    """Give the configuration for one connector's own route (/mcp/connectors/<id>) instead of /mcp."""
 
 
 class SessionChange(_Body):
@@ -100,12 +102,19 @@ async def create_session(request: web.Request) -> web.Response:
         network=spec.network,
         ttl=spec.ttl,
     )
+    url = _url(request)
     route = app[ROUTES].get(PROXY_ROUTE)
+    if spec.connector is not None:
+        route = app[ROUTES].get(f"connector:{spec.connector}")
+        url = f"{url}/connectors/{spec.connector}"
+        if route is None:
+            app[SESSIONS].end(session.id)
+            raise NotFound(f"connector {spec.connector!r} is not trusted (no route /mcp/connectors/{spec.connector})")
     if route is None:
         raise RequestRejected("the MCP route is not registered (daemon stopping?)")
     payload: dict[str, Any] = {
         "session_id": session.id,
-        "url": _url(request),
+        "url": url,
         "headers": {"Authorization": f"Bearer {route.token}", "X-Sidecar-Context": envelope},
         "expires_at": session.expires_at,
         "session": session.public(),

@@ -28,11 +28,11 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from sidecar import __version__
 from sidecar.auth.principal import SCOPE_KEY, Principal
-from sidecar.auth.routes import route_key
+from sidecar.auth.routes import PROXY_ROUTE, route_key
 from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.registry import Risk, ToolDef
-from sidecar.bus.tools import ToolService
+from sidecar.bus.tools import NOT_AVAILABLE, ToolService
 from sidecar.errors import NotFound, ToolError
 
 __all__ = ["CALLER", "ChangeHub", "build_mcp_server", "tool_control_id"]
@@ -190,8 +190,13 @@ def build_mcp_server(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         session = live_session(ctx)
-        listed = tools.listed(session) if session is not None else []
-        return types.ListToolsResult(tools=[as_mcp(t) for t in listed])
+        if session is None:
+            return types.ListToolsResult(tools=[])
+        route = _principal(ctx).route
+        if route == PROXY_ROUTE:
+            return types.ListToolsResult(tools=[as_mcp(t) for t in tools.listed(session)])
+        # A connector's own route (/mcp/connectors/<id>): that connector's tools only, none deferred.
+        return types.ListToolsResult(tools=[as_mcp(t) for t in tools.visible(session) if t.source == route])
 
     async def on_call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
@@ -200,6 +205,10 @@ def build_mcp_server(
         session = sessions.alive(principal.session_id)
         if session is None:
             return _error_result("this session has ended")
+        if principal.route != PROXY_ROUTE:
+            tool = tools.lookup(session, params.name)
+            if tool is None or tool.source != principal.route:
+                return _error_result(NOT_AVAILABLE)  # SECURITY: a connector's route reaches that connector only
         outcome = await tools.call(
             session,
             params.name,
@@ -269,20 +278,36 @@ def _catalog_handlers(
             raise MCPError(code=types.INVALID_REQUEST, message="this session has ended")
         return session
 
+    def scope(ctx: ServerRequestContext[Any, Any]) -> tuple[str, str] | None:
+        """On a connector's own route: the (URI, name) prefixes it may reach; None on the bus."""
+        route = _principal(ctx).route
+        if route == PROXY_ROUTE:
+            return None
+        connector_id = route.removeprefix("connector:")
+        return f"sidecar:{connector_id}/", f"mcp__{connector_id}__"
+
+    def in_scope(ctx: ServerRequestContext[Any, Any], value: str, which: int) -> bool:
+        prefixes = scope(ctx)
+        return prefixes is None or value.startswith(prefixes[which])
+
     async def on_list_resources(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        return types.ListResourcesResult(resources=catalog.resources(live(ctx)) if catalog else [])
+        found = catalog.resources(live(ctx)) if catalog else []
+        return types.ListResourcesResult(resources=[r for r in found if in_scope(ctx, str(r.uri), 0)])
 
     async def on_list_resource_templates(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
-        return types.ListResourceTemplatesResult(resource_templates=catalog.templates(live(ctx)) if catalog else [])
+        found = catalog.templates(live(ctx)) if catalog else []
+        return types.ListResourceTemplatesResult(
+            resource_templates=[t for t in found if in_scope(ctx, t.uri_template, 0)]
+        )
 
     async def on_read_resource(
         ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        if catalog is None:
+        if catalog is None or not in_scope(ctx, str(params.uri), 0):
             raise MCPError(code=RESOURCE_NOT_FOUND, message="resource not found")
         try:
             return await catalog.read(live(ctx), str(params.uri))
@@ -294,12 +319,13 @@ def _catalog_handlers(
     async def on_list_prompts(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
-        return types.ListPromptsResult(prompts=catalog.prompts(live(ctx)) if catalog else [])
+        found = catalog.prompts(live(ctx)) if catalog else []
+        return types.ListPromptsResult(prompts=[p for p in found if in_scope(ctx, p.name, 1)])
 
     async def on_get_prompt(
         ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
     ) -> types.GetPromptResult:
-        if catalog is None:
+        if catalog is None or not in_scope(ctx, params.name, 1):
             raise MCPError(code=types.INVALID_PARAMS, message="prompt not found")
         try:
             return await catalog.prompt(live(ctx), params.name, params.arguments)

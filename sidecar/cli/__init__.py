@@ -101,6 +101,8 @@ def cmd_session_new(args: argparse.Namespace, paths: Paths) -> int:
     }
     if args.ttl is not None:
         body["ttl"] = args.ttl
+    if args.connector is not None:
+        body["connector"] = args.connector
     created = _client(paths).call("POST", "/control/sessions", body)
     print(json.dumps(render(args.format, created), indent=2))
     return 0
@@ -290,6 +292,7 @@ def _session_commands(sub: Any) -> None:
     new.add_argument("--allow", action="append", metavar="PATTERN", help="tool name, mcp__<server>__* or *")
     new.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
     new.add_argument("--ttl", type=int, help="lifetime in seconds")
+    new.add_argument("--connector", metavar="ID", help="configure one connector's own route instead of /mcp")
     new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
     _command(group, "list", cmd_session_list, "list live sessions", json=True)
     end = _command(group, "end", cmd_session_end, "end a session and abort its in-flight calls", json=True)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from sidecar.auth.routes import RouteRegistry
 from sidecar.bus.registry import ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
@@ -22,9 +23,14 @@ from sidecar.connectors.proxy import ConnectorTools
 from sidecar.errors import SidecarError
 from sidecar.store.trust import TrustStore
 
-__all__ = ["ConnectorService"]
+__all__ = ["ConnectorService", "route_name"]
 
 logger = logging.getLogger(__name__)
+
+
+def route_name(connector_id: str) -> str:
+    return f"connector:{connector_id}"
+
 
 Notify = Callable[[str | None], None]
 """Announce a change of visible tools: to one session (its id) or to every session (None)."""
@@ -40,8 +46,10 @@ class ConnectorService:
         cache_dir: Path,
         context: Callable[[str, str], LaunchContext],
         notify: Notify,
+        routes: RouteRegistry | None = None,
     ) -> None:
         self.manager = manager
+        self._routes = routes
         self._notify = notify
         self.pool = ConnectorPool(on_change=lambda session_id, _: notify(session_id))
         self.tools = ConnectorTools(
@@ -61,6 +69,19 @@ class ConnectorService:
     def start(self) -> None:
         """Register the cached tools of the connectors trusted in earlier runs (spawns nothing)."""
         self.tools.sync()
+        for connector in self.manager.trusted():
+            self._mount(connector.id)
+
+    def _mount(self, connector_id: str) -> None:
+        """``/mcp/connectors/<id>`` with its own route token (SPEC §4), for hosts that want one connector."""
+        name = route_name(connector_id)
+        if self._routes is not None and self._routes.get(name) is None:
+            self._routes.register(name, path=f"/mcp/connectors/{connector_id}")
+
+    def _unmount(self, connector_id: str) -> None:
+        name = route_name(connector_id)
+        if self._routes is not None and self._routes.get(name) is not None:
+            self._routes.unregister(name)  # the token dies and its in-flight requests are aborted
 
     async def trust(self, connector_id: str) -> Connector:
         """Trust, then learn the connector's tools; a connector that fails to start is left in ``error``."""
@@ -73,6 +94,7 @@ class ConnectorService:
             logger.warning("connector %s trusted but not usable: %s", connector_id, exc)
         else:
             connector.error = None
+            self._mount(connector_id)
         self._notify(None)
         return connector
 
@@ -95,6 +117,7 @@ class ConnectorService:
             self._background(self._withdraw(connector.id))
 
     async def _withdraw(self, connector_id: str) -> None:
+        self._unmount(connector_id)
         await self.pool.stop_connector(connector_id)
         self.tools.sync()
         self._notify(None)

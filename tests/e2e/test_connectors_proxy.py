@@ -204,3 +204,42 @@ async def test_a_streamable_http_server_is_connected_to_not_spawned(daemon: Daem
     finally:
         server.terminate()
         await asyncio.wait_for(server.wait(), BOUND)
+
+
+async def test_a_trusted_connector_has_its_own_route_that_dies_with_its_trust(daemon: Daemon) -> None:
+    await _trust_echo(daemon)
+    routes = {r["name"]: r["path"] for r in (await daemon.control("GET", "/control/routes"))["routes"]}
+    assert routes["connector:echo"] == "/mcp/connectors/echo"
+    session = await daemon.new_session(mode="bypass", connector="echo")
+    assert session["url"].endswith("/mcp/connectors/echo")
+    async with mcp_client(session) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names and all(n.startswith("mcp__echo__") for n in names)  # that connector only
+        assert _text(await client.call_tool("mcp__echo__echo", {"text": "direct"})) == "direct"
+        builtin = await client.call_tool("calculate", {"expression": "1+1"})
+        assert _text(builtin) == "tool not found or not available in this session"
+        # The bus token does not open the connector's route, nor the other way round.
+        bus = await daemon.new_session(mode="bypass")
+        status, _ = await _rest(daemon, {"headers": {**bus["headers"]}}, "GET", "/api/v1/mcp/tools", None)
+        assert status == 200
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                session["url"], json={}, headers={**bus["headers"], "Content-Type": "application/json"}
+            ) as response,
+        ):
+            assert response.status == 401
+        sleeper = asyncio.create_task(client.call_tool("mcp__echo__sleep", {"seconds": 600}))
+        async with asyncio.timeout(BOUND):  # the call is in flight once the connector runs for it
+            while (await daemon.control("GET", "/control/connectors/echo"))["running"] < 1:
+                await asyncio.sleep(0.02)
+        await daemon.control("POST", "/control/connectors/echo/untrust")
+        async with asyncio.timeout(BOUND):  # aborted promptly: its route and its process are gone
+            outcome = await asyncio.gather(sleeper, return_exceptions=True)
+        assert isinstance(outcome[0], BaseException) or outcome[0].is_error
+    routes = {r["name"] for r in (await daemon.control("GET", "/control/routes"))["routes"]}
+    assert "connector:echo" not in routes
+    refused = await daemon.control(
+        "POST", "/control/sessions", {"workspace": str(daemon.workspace), "connector": "echo"}, expect=404
+    )
+    assert "not trusted" in refused["error"]["message"]
