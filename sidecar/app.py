@@ -47,7 +47,7 @@ from sidecar.bus.rest import RestFacade
 from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
 from sidecar.connectors.manager import ConnectorManager
-from sidecar.connectors.pool import LaunchContext
+from sidecar.connectors.pool import LaunchContext, PoolLimits
 from sidecar.connectors.service import ConnectorService
 from sidecar.control import add_control_routes
 from sidecar.http import error_middleware, json_response
@@ -111,6 +111,12 @@ def build_app(
         ),
         notify=announcer,
         routes=routes,
+        limits=PoolLimits(
+            per_connector=settings.connectors.max_per_connector,
+            total=settings.connectors.max_total,
+            idle_seconds=settings.connectors.idle_seconds,
+            start_timeout=settings.connectors.start_timeout,
+        ),
     )
     approvals = ApprovalStore()
     billing = BillingGate(billing_sources(settings, paths))

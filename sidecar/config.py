@@ -100,6 +100,22 @@ class ToolSettings(_Frozen):
     """The built-in tools' high-credit-tools.json; unset means the one shipped in the repo's config/."""
 
 
+class ConnectorSettings(_Frozen):
+    """Connector processes (SPEC §7)."""
+
+    start_timeout: float = Field(default=30.0, gt=0, le=600)
+    """Seconds a connector has to start and answer initialize (a cold npx/uvx may download first)."""
+
+    max_per_connector: int = Field(default=32, ge=1, le=1024)
+    """Most processes of one connector across all sessions."""
+
+    max_total: int = Field(default=128, ge=1, le=4096)
+    """Most connector processes in all."""
+
+    idle_seconds: float = Field(default=900.0, ge=5)
+    """A connector process unused this long is stopped (the next call starts it again)."""
+
+
 class Settings(_Frozen):
     """Everything the daemon reads at start."""
 
@@ -119,6 +135,7 @@ class Settings(_Frozen):
     mcp: McpSettings = McpSettings()
     sessions: SessionSettings = SessionSettings()
     tools: ToolSettings = ToolSettings()
+    connectors: ConnectorSettings = ConnectorSettings()
 
     @field_validator("host")
     @classmethod

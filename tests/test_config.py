@@ -18,7 +18,7 @@ def test_repo_defaults_file_validates_and_equals_the_code_defaults() -> None:
     assert Settings.model_validate(data) == Settings()
     # Every field of the model is written down in the file (nothing silently defaulted).
     assert set(data) == set(Settings.model_fields)
-    for section in ("limits", "mcp", "sessions", "tools"):
+    for section in ("limits", "mcp", "sessions", "tools", "connectors"):
         fields = type(getattr(Settings(), section)).model_fields
         # TOML has no null: a field whose default is "unset" is written as a comment.
         assert set(data[section]) == {name for name, info in fields.items() if info.default is not None}

@@ -70,6 +70,7 @@ class PoolLimits:
     per_connector: int = 32
     total: int = 128
     idle_seconds: float = 900.0
+    start_timeout: float = START_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,19 @@ def launch_plan(spec: ConnectorSpec, context: LaunchContext, *, environ: Mapping
     env = scrubbed_environment({k: expand(v) for k, v in launch.env.items()}, environ)
     cwd = expand(launch.cwd) if launch.cwd else context.workspace
     return LaunchPlan(argv=(command, *(expand(a) for a in launch.args)), env=env, cwd=cwd)
+
+
+class _StartTimeout(Exception):
+    """The connector did not answer ``initialize`` in time."""
+
+
+def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc`` is, or (anyio task groups wrap) contains, an exception of ``kind``."""
+    if isinstance(exc, kind):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_contains(inner, kind) for inner in exc.exceptions)
+    return False
 
 
 @dataclass(slots=True)
@@ -200,13 +214,13 @@ class ConnectorPool:
     # -- getting a client ----------------------------------------------------------------------
 
     async def client(self, session_id: str, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> ClientSession:
-        """The session's live client for ``spec``, spawning it if needed (bounded by START_TIMEOUT)."""
+        """The session's live client for ``spec``, spawning it if needed (bounded by the start timeout)."""
         key = (session_id, spec.id)
         slot = self._slots.setdefault(key, _Slot())
         slot.last_used = self._clock()
         if slot.process is not None and slot.process.exited.is_set() and slot.holder is not None:
             # It died and its holder is winding down: let it record the crash before deciding.
-            await asyncio.wait({slot.holder}, timeout=START_TIMEOUT)
+            await asyncio.wait({slot.holder}, timeout=self._limits.start_timeout)
         if slot.client is not None:
             return slot.client
         async with slot.starting:
@@ -224,10 +238,10 @@ class ConnectorPool:
             slot.holder = asyncio.create_task(self._hold(key, spec, plan(), slot, ready), name=f"connector-{spec.id}")
             self._ensure_reaper()
             try:
-                return await asyncio.wait_for(asyncio.shield(ready), START_TIMEOUT + 5)
+                return await asyncio.wait_for(asyncio.shield(ready), self._limits.start_timeout + 5)
             except TimeoutError:
                 slot.stop.set()
-                raise ToolError(f"connector {spec.id} did not start within {START_TIMEOUT:.0f}s") from None
+                raise ToolError(f"connector {spec.id} did not start within {self._limits.start_timeout:g}s") from None
 
     def _check_caps(self, connector_id: str) -> None:
         if self.running(connector_id) >= self._limits.per_connector:
@@ -252,7 +266,10 @@ class ConnectorPool:
         crashed = False
         try:
             async with process, process.transport() as (read, write), ClientSession(read, write) as session:
-                await asyncio.wait_for(session.initialize(), START_TIMEOUT)
+                try:
+                    await asyncio.wait_for(session.initialize(), self._limits.start_timeout)
+                except TimeoutError:
+                    raise _StartTimeout from None
                 slot.client = session
                 ready.set_result(session)
                 stop = asyncio.create_task(slot.stop.wait())
@@ -264,7 +281,10 @@ class ConnectorPool:
                 slot.client = None
         except Exception as exc:
             crashed = not slot.stop.is_set()
-            reason = process.exit_reason or f"{type(exc).__name__}: {exc}"[:200]
+            if _contains(exc, _StartTimeout):
+                reason = f"did not start: no answer to initialize within {self._limits.start_timeout:g}s"
+            else:
+                reason = process.exit_reason or f"{type(exc).__name__}: {exc}"[:200]
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} failed to start: {reason}"))
             logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
@@ -294,7 +314,7 @@ class ConnectorPool:
                 streamable_http_client(plan.url, http_client=http) as (read, write),
                 ClientSession(read, write) as session,
             ):
-                await asyncio.wait_for(session.initialize(), START_TIMEOUT)
+                await asyncio.wait_for(session.initialize(), self._limits.start_timeout)
                 slot.client = session
                 ready.set_result(session)
                 await slot.stop.wait()
@@ -338,7 +358,7 @@ class ConnectorPool:
         if slot is None or slot.holder is None:
             return None
         process = slot.process
-        await asyncio.wait({slot.holder}, timeout=START_TIMEOUT)
+        await asyncio.wait({slot.holder}, timeout=self._limits.start_timeout)
         return process.exit_reason if process is not None else None
 
     def healthy(self, session_id: str, connector_id: str) -> None:

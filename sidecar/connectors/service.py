@@ -18,7 +18,7 @@ from sidecar.auth.routes import RouteRegistry
 from sidecar.bus.registry import ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
-from sidecar.connectors.pool import ConnectorPool, LaunchContext
+from sidecar.connectors.pool import ConnectorPool, LaunchContext, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools
 from sidecar.errors import SidecarError
 from sidecar.store.trust import TrustStore
@@ -47,11 +47,12 @@ class ConnectorService:
         context: Callable[[str, str], LaunchContext],
         notify: Notify,
         routes: RouteRegistry | None = None,
+        limits: PoolLimits | None = None,
     ) -> None:
         self.manager = manager
         self._routes = routes
         self._notify = notify
-        self.pool = ConnectorPool(on_change=lambda session_id, _: notify(session_id))
+        self.pool = ConnectorPool(limits=limits, on_change=lambda session_id, _: notify(session_id))
         self.tools = ConnectorTools(
             registry=registry,
             manager=manager,

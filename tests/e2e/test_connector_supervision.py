@@ -1,0 +1,115 @@
+"""Supervision through the daemon: a connector that hangs, floods, crash-loops or forks hurts only itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from mcp import types
+
+from sidecar.config import ConnectorSettings, Settings
+from sidecar.paths import Paths
+from tests.conftest import Daemon, mcp_client, running_daemon
+
+FIXTURES = Path(__file__).resolve().parents[1] / "connectors" / "fixtures"
+BOUND = 60.0
+
+
+@pytest.fixture
+async def strict(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
+    settings = Settings(connectors=ConnectorSettings(start_timeout=3.0))
+    async with running_daemon(Paths.resolve(), workspace, settings) as d:
+        yield d
+
+
+def _configure(daemon: Daemon, servers: dict[str, Any]) -> None:
+    path = daemon.paths.config / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    path.chmod(0o600)
+
+
+def _fixture(name: str, **env: str) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [str(FIXTURES / name)], "env": env}
+
+
+def _text(result: types.CallToolResult) -> str:
+    content = result.content[0]
+    assert isinstance(content, types.TextContent)
+    return content.text
+
+
+async def _echo_still_works(daemon: Daemon) -> None:
+    assert await daemon.control("GET", "/healthz") == {"status": "ok"}
+    assert (await daemon.control("POST", "/control/connectors/echo/trust"))["state"] == "trusted"
+    session = await daemon.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        assert (await client.list_tools()).tools
+        assert _text(await client.call_tool("mcp__echo__echo", {"text": "still here"})) == "still here"
+
+
+@pytest.mark.parametrize(("fixture", "reason"), [("hang.py", "did not start"), ("flood.py", "line over")])
+async def test_a_connector_that_hangs_or_floods_is_an_error_and_nothing_else_suffers(
+    strict: Daemon, fixture: str, reason: str
+) -> None:
+    _configure(strict, {"bad": _fixture(fixture), "echo": _fixture("echo_server.py")})
+    async with asyncio.timeout(BOUND):
+        shown = await strict.control("POST", "/control/connectors/bad/trust")
+    assert shown["state"] == "error" and reason in shown["error"], shown
+    await _echo_still_works(strict)
+
+
+async def test_a_crash_loop_ends_in_error_with_the_reason(strict: Daemon, tmp_path: Path) -> None:
+    marker = tmp_path / "crash-from-now-on"
+    _configure(
+        strict, {"loopy": _fixture("crash_later.py", CRASH_MARKER=str(marker)), "echo": _fixture("echo_server.py")}
+    )
+    assert (await strict.control("POST", "/control/connectors/loopy/trust"))["state"] == "trusted"
+    session = await strict.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        assert _text(await client.call_tool("mcp__loopy__ping", {})) == "pong"
+        marker.write_text("")
+        await client.call_tool("mcp__loopy__crash", {})  # from now on every restart dies at once
+        async with asyncio.timeout(BOUND):
+            while True:
+                result = await client.call_tool("tool_call", {"name": "mcp__loopy__ping"})
+                if "is in error" in _text(result) or "not found or not available" in _text(result):
+                    listed = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
+                    if "mcp__loopy__ping" not in listed:
+                        break
+                await asyncio.sleep(0.2)
+    await _echo_still_works(strict)
+
+
+def _sleepers(since: float) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        cmdline = proc.info["cmdline"] or []
+        if (
+            len(cmdline) == 2
+            and Path(cmdline[0]).name == "sleep"
+            and cmdline[1] == "300"
+            and (proc.info["create_time"] >= since - 1)
+        ):
+            found.append(proc)
+    return found
+
+
+async def test_a_connector_that_forks_into_the_background_leaves_nothing_behind(strict: Daemon) -> None:
+    started = time.time()
+    _configure(strict, {"forker": _fixture("forker.py")})
+    assert (await strict.control("POST", "/control/connectors/forker/trust"))["state"] == "trusted"
+    session = await strict.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        pids = json.loads(_text(await client.call_tool("mcp__forker__orphan", {})))
+        assert len(_sleepers(started)) >= 2  # its same-group child and its setsid escapee
+    await strict.control("DELETE", f"/control/sessions/{session['session_id']}")
+    async with asyncio.timeout(BOUND):
+        while _sleepers(started) or any(psutil.pid_exists(p) for p in pids.values()):
+            await asyncio.sleep(0.1)
