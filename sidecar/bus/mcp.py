@@ -216,6 +216,7 @@ def build_mcp_server(
             via="mcp",
             abort_keys=(route_key(principal.route),),
             ask=_elicitation_asker(ctx),
+            progress=ctx.session.report_progress,  # a no-op unless the request carried a progress token
         )
         if outcome.content is not None:
             # A connector's blocks (images, resources, …) pass through as they came.

@@ -48,6 +48,10 @@ def validate_tool_name(name: str) -> str:
     return name
 
 
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+"""(progress, total, message) → sent to the client if its request carried a progress token."""
+
+
 class ToolBus(Protocol):
     """The session-bound view of the tool pool that ``tool_search``/``tool_call`` work through."""
 
@@ -64,6 +68,8 @@ class CallContext:
     project_id: str
     workspace: str
     bus: ToolBus | None = None
+    progress: Progress | None = None
+    """Report progress to the caller (MCP ``notifications/progress``), when it asked for it."""
 
 
 @dataclass(frozen=True, slots=True)

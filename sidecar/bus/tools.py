@@ -25,7 +25,7 @@ from sidecar.auth.sessions import Session, SessionStore, session_key
 from sidecar.bus.approvals import ApprovalStore, arguments_digest
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
-from sidecar.bus.registry import CallContext, ToolDef, ToolRegistry
+from sidecar.bus.registry import CallContext, Progress, ToolDef, ToolRegistry
 from sidecar.bus.search import SearchIndex
 from sidecar.errors import ToolError
 from sidecar.store.audit import AuditLog, shape_of
@@ -105,8 +105,16 @@ class CallOutcome:
 class _SessionBus:
     """``CallContext.bus`` for one call: search and call within the same session and asker."""
 
-    def __init__(self, service: ToolService, session: Session, ask: Asker | None, keys: tuple[Hashable, ...]) -> None:
+    def __init__(
+        self,
+        service: ToolService,
+        session: Session,
+        ask: Asker | None,
+        keys: tuple[Hashable, ...],
+        progress: Progress | None,
+    ) -> None:
         self._service, self._session, self._ask, self._keys = service, session, ask, keys
+        self._progress = progress
 
     def search(self, query: str, limit: int) -> list[ToolDef]:
         session = self._service.sessions.alive(self._session.id)
@@ -116,7 +124,9 @@ class _SessionBus:
         session = self._service.sessions.alive(self._session.id)
         if session is None:
             return CallOutcome(tool=name, status="aborted", text="this session has ended")
-        return await self._service.call(session, name, arguments, via="tool_call", abort_keys=self._keys, ask=self._ask)
+        return await self._service.call(
+            session, name, arguments, via="tool_call", abort_keys=self._keys, ask=self._ask, progress=self._progress
+        )
 
 
 class ToolService:
@@ -223,6 +233,7 @@ class ToolService:
         via: str,
         abort_keys: Iterable[Hashable] = (),
         ask: Asker | None = None,
+        progress: Progress | None = None,
     ) -> CallOutcome:
         """Decide, check arguments, get approval if needed, run and audit one call; never raises."""
         started = time.perf_counter()
@@ -237,9 +248,11 @@ class ToolService:
                 if isinstance(args, str):
                     outcome = self._fail(tool, decision, "error", args)
                 elif decision.verdict is Verdict.ASK:
-                    outcome, grant, session = await self._approve_then_run(session, tool, args, decision, keys, ask)
+                    outcome, grant, session = await self._approve_then_run(
+                        session, tool, args, decision, keys, ask, progress
+                    )
                 else:
-                    outcome = await self._run(session, tool, args, decision, keys, ask)
+                    outcome = await self._run(session, tool, args, decision, keys, ask, progress)
         except asyncio.CancelledError:
             # The caller went away (client disconnect, revocation): still leave a record of the call.
             aborted = CallOutcome(tool=name, status="aborted", text="call aborted", decision=decision)
@@ -256,6 +269,7 @@ class ToolService:
         decision: Decision,
         keys: tuple[Hashable, ...],
         ask: Asker | None,
+        progress: Progress | None,
     ) -> tuple[CallOutcome, str | None, Session]:
         digest = arguments_digest(args)
         kind = decision.kind or "confirm"
@@ -295,7 +309,7 @@ class ToolService:
                 approval_id=approval.id,
             )
             return outcome, None, session
-        return await self._run(session, tool, args, decision, keys, ask), grant, session
+        return await self._run(session, tool, args, decision, keys, ask, progress), grant, session
 
     @staticmethod
     async def _ask(ask: Asker, question: Question) -> Answer | None:
@@ -315,12 +329,14 @@ class ToolService:
         decision: Decision,
         keys: tuple[Hashable, ...],
         ask: Asker | None,
+        progress: Progress | None = None,
     ) -> CallOutcome:
         context = CallContext(
             session_id=session.id,
             project_id=session.project_id,
             workspace=session.workspace,
-            bus=_SessionBus(self, session, ask, keys[1:]),
+            bus=_SessionBus(self, session, ask, keys[1:], progress),
+            progress=progress,
         )
         task = asyncio.ensure_future(tool.handler(args, context))
         with self._inflight.track(keys, lambda: _cancel(task)):

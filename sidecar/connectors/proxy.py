@@ -207,8 +207,15 @@ class ConnectorTools:
                     f"{tool} changed since {connector_id} was trusted ({connector.tool_drift[tool]}); it is withheld "
                     f"until the user reviews it and runs: sidecar connectors trust {connector_id}"
                 )
+
+            async def relay(progress: float, total: float | None, message: str | None) -> None:
+                if context.progress is not None:
+                    await context.progress(progress, total, message)
+
             try:
-                result = await asyncio.wait_for(client.call_tool(tool, arguments), CALL_TIMEOUT)
+                result = await asyncio.wait_for(
+                    client.call_tool(tool, arguments, progress_callback=relay), CALL_TIMEOUT
+                )
             except TimeoutError:
                 raise ToolError(f"{tool} took longer than {CALL_TIMEOUT:.0f}s") from None
             except MCPError as exc:

@@ -109,3 +109,21 @@ async def test_a_session_without_the_connector_in_its_grant_sees_no_resources(da
         assert (await client.list_prompts()).prompts == []
         with pytest.raises(Exception, match="not found"):
             await client.read_resource("sidecar:everything/demo://resource/static/document/architecture.md")
+
+
+async def test_progress_from_a_connector_reaches_the_client(daemon: Daemon) -> None:
+    await _configure_and_trust(daemon)
+    session = await daemon.new_session(mode="bypass")
+    seen: list[tuple[float, float | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total))
+
+    async with mcp_client(session, mode="legacy") as client:
+        result = await client.call_tool(
+            "mcp__everything__trigger-long-running-operation",
+            {"duration": 0.3, "steps": 3},
+            progress_callback=on_progress,
+        )
+    assert not result.is_error
+    assert [p for p, _ in seen] == [1, 2, 3] and all(t == 3 for _, t in seen)
