@@ -243,3 +243,19 @@ async def test_a_trusted_connector_has_its_own_route_that_dies_with_its_trust(da
         "POST", "/control/sessions", {"workspace": str(daemon.workspace), "connector": "echo"}, expect=404
     )
     assert "not trusted" in refused["error"]["message"]
+
+
+async def test_a_client_cancel_reaches_the_connector(daemon: Daemon, tmp_path: Path) -> None:
+    await _trust_echo(daemon)
+    log = tmp_path / "sleep.log"
+    session = await daemon.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        call = asyncio.create_task(client.call_tool("mcp__echo__sleep_logged", {"seconds": 600, "log": str(log)}))
+        async with asyncio.timeout(BOUND):  # the connector has started the call
+            while not log.exists():
+                await asyncio.sleep(0.02)
+        call.cancel()  # the SDK client sends notifications/cancelled to sidecar
+        async with asyncio.timeout(BOUND):  # ...and sidecar sends it on to the connector
+            while "cancelled" not in log.read_text():
+                await asyncio.sleep(0.02)
+    assert log.read_text() == "started\ncancelled\n"
