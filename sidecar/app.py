@@ -166,7 +166,7 @@ def build_app(
     app[BILLING] = billing
     app[CONNECTORS] = connector_service
 
-    sessions.subscribe(_SessionEvents(audit, hub, approvals, connector_service))
+    sessions.subscribe(_SessionEvents(audit, hub, approvals, connector_service, announcer))
     approvals.subscribe(lambda approval, event: _audit_approval(audit, approval, event))
 
     async def mcp(request: web.Request) -> web.StreamResponse:
@@ -292,12 +292,19 @@ class _Announcer:
 class _SessionEvents:
     """Audit session lifecycle and push ``tools/list_changed`` when a session's grant changes."""
 
-    def __init__(self, audit: AuditLog, hub: ChangeHub, approvals: ApprovalStore, connectors: ConnectorService) -> None:
+    def __init__(
+        self,
+        audit: AuditLog,
+        hub: ChangeHub,
+        approvals: ApprovalStore,
+        connectors: ConnectorService,
+        announce: _Announcer,
+    ) -> None:
         self._audit = audit
         self._hub = hub
         self._approvals = approvals
         self._connectors = connectors
-        self._tasks: set[asyncio.Task[int]] = set()
+        self._announce = announce
 
     def __call__(self, session: Session, event: str) -> None:
         self._audit.append(
@@ -309,9 +316,7 @@ class _SessionEvents:
             network=session.network,
         )
         if event == "updated":
-            task = asyncio.get_running_loop().create_task(self._hub.tools_changed(session.id))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._announce(session.id)
         elif event == "ended":
             self._hub.forget(session.id)
             self._approvals.forget_session(session.id)
