@@ -635,3 +635,24 @@ def test_commands_without_a_daemon_say_so(tmp_path: Path) -> None:
     for result in results:
         message = failed(result)
         assert NOT_RUNNING in message, (result.args, message)
+
+
+async def test_a_pending_approval_is_granted_with_the_cli_and_the_retry_runs_once(
+    d: DaemonProcess, workspace: Path
+) -> None:
+    raw = session_new(d, workspace, "--project", "cli-approvals", "--mode", "default")
+    async with mcp_client(raw, mode="legacy") as client:
+        first = await client.call_tool("note_save", {"text": "remember the CLI"})
+        assert first.is_error and "sidecar approvals allow ap_" in first.content[0].text  # type: ignore[union-attr]
+        [pending] = json.loads(ok(d.cli("approvals", "list", "--json")).stdout)
+        assert (pending["tool"], pending["state"]) == ("note_save", "pending")
+        assert pending["approval_id"] in ok(d.cli("approvals", "list")).stdout
+        ok(d.cli("approvals", "allow", pending["approval_id"]))
+        retry = await client.call_tool("note_save", {"text": "remember the CLI"})
+        replay = await client.call_tool("note_save", {"text": "remember the CLI"})
+        read = await client.call_tool("notes_read", {})
+    assert not retry.is_error
+    assert replay.is_error  # single use: the replay asks again
+    assert read.content[0].text.count("remember the CLI") == 1  # type: ignore[union-attr]
+    assert "no pending" not in ok(d.cli("approvals", "list")).stdout  # the replay left a new one
+    failed(d.cli("approvals", "allow", pending["approval_id"], check=False))  # spent: not pending any more
