@@ -259,3 +259,21 @@ async def test_a_client_cancel_reaches_the_connector(daemon: Daemon, tmp_path: P
             while "cancelled" not in log.read_text():
                 await asyncio.sleep(0.02)
     assert log.read_text() == "started\ncancelled\n"
+
+
+async def test_a_plugin_server_is_a_connector_like_any_other(daemon: Daemon) -> None:
+    plugin = daemon.paths.data / "plugins" / "demo"
+    plugin.mkdir(parents=True)
+    manifest = {"name": "demo", "version": "1.0.0", "mcpServers": {"echo": {"command": sys.executable, "args": [ECHO]}}}
+    (plugin / "plugin.json").write_text(json.dumps(manifest))
+    (plugin / "plugin.json").chmod(0o600)
+    listing = await daemon.control("GET", "/control/connectors")
+    assert {c["id"]: (c["kind"], c["state"]) for c in listing["connectors"]}["demo-echo"] == ("plugin", "configured")
+    assert (await daemon.control("POST", "/control/connectors/demo-echo/trust"))["state"] == "trusted"
+    session = await daemon.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        assert _text(await client.call_tool("mcp__demo-echo__echo", {"text": "from a plugin"})) == "from a plugin"
+    # Editing the plugin's files withdraws trust, as for a package.
+    (plugin / "README.md").write_text("changed")
+    listing = await daemon.control("GET", "/control/connectors")
+    assert {c["id"]: c["state"] for c in listing["connectors"]}["demo-echo"] == "disconnected"
