@@ -41,8 +41,6 @@ import contextlib
 import dataclasses
 import itertools
 import json
-import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -57,6 +55,7 @@ from typing import Any
 import aiohttp
 import httpx2
 import psutil
+from benchlib import START_TIMEOUT, log, sidecar_daemon, stop, tail  # scripts/ is sys.path[0]
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -65,8 +64,6 @@ ECHO_SERVER = ROOT / "tests" / "connectors" / "fixtures" / "echo_server.py"
 PROXY_VENV = ROOT / ".bench" / "mcp-proxy-venv"
 
 MODERN_VERSION = "2026-07-28"
-START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
 SETTLE_TIMEOUT = 30.0
 CALLERS = 8
 CONNECTORS = 10
@@ -82,32 +79,6 @@ LIST_LIMIT_MS = 20.0
 RSS_GROWTH_LIMIT_PCT = 10.0
 
 PATHS_UNDER_TEST = ("sidecar", "direct", "mcp-proxy")
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _tail(path: Path, n: int = 2000) -> str:
-    try:
-        return path.read_bytes()[-n:].decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _stop(proc: subprocess.Popen[bytes], name: str, *, group: bool = False) -> None:
-    """Stop a process this script started (and, with ``group``, the process group it leads)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            log(f"{name} (pid {proc.pid}) ignored SIGTERM for {STOP_TIMEOUT:.0f}s; killing it")
-            proc.kill()
-            proc.wait(5)
-    if group:  # what it spawned in its own group (mcp-proxy's stdio server), should it have outlived it
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -177,42 +148,16 @@ class Daemon:
 def sidecar_process(workdir: Path) -> Iterator[Daemon]:
     from sidecar.paths import Paths
 
-    env = dict(os.environ)
-    env["SIDECAR_HOME"] = str(workdir / "home")
-    paths = Paths.resolve(env)
+    home = workdir / "home"
+    paths = Paths.resolve({"SIDECAR_HOME": str(home)})
     workspace = workdir / "workspace"
     workspace.mkdir()
     paths.config.mkdir(parents=True, exist_ok=True)
     settings = paths.config / "sidecar.toml"
     settings.write_text(f"[tools]\nauto_defer_above = {AUTO_DEFER_ABOVE}\n")
     settings.chmod(0o600)
-    errlog = (workdir / "sidecar.stderr").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sidecar", "serve", "--port", "0"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=errlog,
-        cwd=workdir,
-    )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        runtime: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sidecar exited early ({proc.returncode}): {_tail(workdir / 'sidecar.stderr')}")
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                data = json.loads(paths.runtime_file.read_text())
-                if data.get("pid") == proc.pid:
-                    runtime = data
-                    break
-            time.sleep(0.02)
-        if runtime is None:
-            raise RuntimeError("sidecar did not write runtime.json in time")
+    with sidecar_daemon(workdir, home) as (proc, runtime):
         yield Daemon(proc, runtime["url"], runtime["control_token"], paths.config, workspace)
-    finally:
-        _stop(proc, "sidecar")
-        errlog.close()
 
 
 def write_user_servers(daemon: Daemon, ids: list[str]) -> None:
@@ -283,15 +228,15 @@ def mcp_proxy_process(exe: Path, workdir: Path) -> Iterator[tuple[subprocess.Pop
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"mcp-proxy exited early ({proc.returncode}): {_tail(errfile)}")
+                raise RuntimeError(f"mcp-proxy exited early ({proc.returncode}): {tail(errfile)}")
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 break
             time.sleep(0.05)
         else:
-            raise RuntimeError(f"mcp-proxy did not listen on {port} in time: {_tail(errfile)}")
+            raise RuntimeError(f"mcp-proxy did not listen on {port} in time: {tail(errfile)}")
         yield proc, f"http://127.0.0.1:{port}/mcp"
     finally:
-        _stop(proc, "mcp-proxy", group=True)
+        stop(proc, "mcp-proxy", group=True)
         errlog.close()
 
 

@@ -52,6 +52,7 @@ from typing import Any
 import aiohttp
 import httpx2
 import psutil
+from benchlib import START_TIMEOUT, log, sidecar_daemon, stop, tail  # scripts/ is sys.path[0]
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -63,16 +64,10 @@ ARGS = {"expression": "1+1"}
 EXPECTED_TEXT = "2"
 LEGACY_VERSION = "2025-11-25"
 MODERN_VERSION = "2026-07-28"
-START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
 LEVELS = (1, 8, 32)
 
 IDLE_RSS_LIMIT_MB = 80.0
 RSS_GROWTH_LIMIT_PCT = 5.0
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -102,66 +97,14 @@ class Target:
         return float(times.user + times.system)
 
 
-def _stop(proc: subprocess.Popen[bytes], name: str) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            log(f"{name} (pid {proc.pid}) ignored SIGTERM for {STOP_TIMEOUT:.0f}s; killing it")
-            proc.kill()
-            proc.wait(5)
-
-
 @contextlib.contextmanager
 def sidecar_process(
     workdir: Path, profile: str | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
-    """``python -m sidecar serve --port 0`` with its own SIDECAR_HOME; yields (process, runtime.json).
-
-    With ``profile``, the daemon runs under cProfile and writes its stats there when it stops.
-    """
-    from sidecar.paths import Paths
-
-    home = workdir / "home"
-    env = dict(os.environ)
-    env["SIDECAR_HOME"] = str(home)
-    paths = Paths.resolve(env)
-    errlog = (workdir / "sidecar.stderr").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            *(["-m", "cProfile", "-o", profile] if profile else []),
-            "-m",
-            "sidecar",
-            "serve",
-            "--port",
-            "0",
-        ],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=errlog,
-        cwd=workdir,
-    )
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        runtime: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sidecar exited early ({proc.returncode}): {_tail(workdir / 'sidecar.stderr')}")
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                data = json.loads(paths.runtime_file.read_text())
-                if data.get("pid") == proc.pid:
-                    runtime = data
-                    break
-            time.sleep(0.02)
-        if runtime is None:
-            raise RuntimeError("sidecar did not write runtime.json in time")
-        yield proc, runtime
-    finally:
-        _stop(proc, "sidecar")
-        errlog.close()
+    """The daemon as a subprocess with its own SIDECAR_HOME; with ``profile``, under cProfile."""
+    python_args = ["-m", "cProfile", "-o", profile] if profile else []
+    with sidecar_daemon(workdir, workdir / "home", python_args=python_args) as started:
+        yield started
 
 
 @contextlib.contextmanager
@@ -178,10 +121,10 @@ def reference_process(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], 
         assert proc.stdout is not None
         line = _readline_with_timeout(proc, START_TIMEOUT)
         if not line.startswith(b"LISTENING "):
-            raise RuntimeError(f"reference server did not start: {line!r} {_tail(workdir / 'reference.stderr')}")
+            raise RuntimeError(f"reference server did not start: {line!r} {tail(workdir / 'reference.stderr')}")
         yield proc, int(line.split()[1])
     finally:
-        _stop(proc, "reference")
+        stop(proc, "reference")
         if proc.stdout is not None:
             proc.stdout.close()
 
@@ -195,13 +138,6 @@ def _readline_with_timeout(proc: subprocess.Popen[bytes], timeout: float) -> byt
         if not sel.select(timeout):
             return b""
     return proc.stdout.readline().strip()
-
-
-def _tail(path: Path, n: int = 2000) -> str:
-    try:
-        return path.read_bytes()[-n:].decode(errors="replace")
-    except OSError:
-        return ""
 
 
 async def create_sidecar_session(runtime: dict[str, Any], workspace: Path) -> dict[str, Any]:
