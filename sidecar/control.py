@@ -7,7 +7,6 @@ are refused, so a typo is an error, not a silently ignored option).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from sidecar.auth.routes import PROXY_ROUTE
 from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.net.body import read_body
+from sidecar.store.files import loads_strict
 
 __all__ = ["add_control_routes"]
 
@@ -52,8 +52,8 @@ class SessionChange(_Body):
 async def _parse(request: web.Request, model: type[_B]) -> _B:
     body = await read_body(request, request.app[SETTINGS].limits)
     try:
-        return model.model_validate(json.loads(body or b"{}"))
-    except (ValueError, RecursionError) as exc:
+        return model.model_validate(loads_strict(body or b"{}"))
+    except ValueError as exc:
         if isinstance(exc, ValidationError):
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
             raise RequestRejected(problems) from None

@@ -38,7 +38,7 @@ from sidecar.paths import Paths
 from sidecar.store.files import ensure_private_dir, remove_quietly, write_json
 from sidecar.store.runtime import read_runtime
 
-__all__ = ["read_runtime", "serve"]
+__all__ = ["serve"]
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -20,6 +19,7 @@ from sidecar.config import Limits
 from sidecar.errors import EnvelopeRejected, Forbidden, NotFound, RequestRejected, UnsupportedMediaType
 from sidecar.http import json_response
 from sidecar.net.body import read_body
+from sidecar.store.files import loads_strict
 
 __all__ = ["RestFacade", "openapi_document"]
 
@@ -81,8 +81,8 @@ class RestFacade:
 
 def _parse_invoke_body(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body or b"{}", parse_constant=_no_constants)
-    except (ValueError, RecursionError, UnicodeDecodeError):
+        data = loads_strict(body or b"{}")
+    except ValueError:  # UnicodeDecodeError is one
         raise RequestRejected("body is not valid JSON") from None
     if not isinstance(data, dict) or set(data) - {"arguments"}:
         raise RequestRejected('body must be {"arguments": {...}}')
@@ -90,10 +90,6 @@ def _parse_invoke_body(body: bytes) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise RequestRejected("arguments must be an object")
     return arguments
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(name)
 
 
 def openapi_document() -> dict[str, Any]:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Final
 
 from sidecar.errors import StorageError
-from sidecar.store.files import append_line, open_append, open_private, read_private, write_atomic
+from sidecar.store.files import append_line, loads_strict, open_append, open_private, read_private, write_atomic
 
 __all__ = ["RECOVERED_EVENT", "RESERVED_KEYS", "AuditLog", "VerifyReport", "shape_of", "verify"]
 
@@ -80,8 +80,8 @@ def _now() -> str:
 def _parse_record(line: bytes) -> dict[str, object] | None:
     """A line as an audit record, or ``None`` if it is not JSON or lacks the chain fields."""
     try:
-        record = json.loads(line, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+        record = loads_strict(line)
+    except ValueError:
         return None
     if not isinstance(record, dict):
         return None
@@ -95,10 +95,6 @@ def _parse_record(line: bytes) -> dict[str, object] | None:
     return record
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _read_head(head_path: Path) -> tuple[int, str] | None:
     """``(seq, hash)`` from the head file; ``None`` if absent. A damaged head is a ``StorageError``."""
     try:
@@ -106,7 +102,7 @@ def _read_head(head_path: Path) -> tuple[int, str] | None:
     except FileNotFoundError:
         return None
     try:
-        head = json.loads(raw)
+        head = loads_strict(raw)
     except ValueError as exc:
         raise StorageError(f"{head_path}: not JSON") from exc
     seq = head.get("seq") if isinstance(head, dict) else None
@@ -412,8 +408,8 @@ class _Chain:
 
 def _is_json(line: bytes) -> bool:
     try:
-        json.loads(line, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+        loads_strict(line)
+    except ValueError:
         return False
     return True
 
