@@ -35,7 +35,7 @@ from sidecar.bus.registry import Risk, ToolDef
 from sidecar.bus.tools import NOT_AVAILABLE, ToolService
 from sidecar.errors import NotFound, ToolError
 
-__all__ = ["CALLER", "ChangeHub", "build_mcp_server", "tool_control_id"]
+__all__ = ["CALLER", "ChangeHub", "build_mcp_server", "elicitation_asker", "principal_of", "tool_control_id"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ CALLER: ContextVar[Principal | None] = ContextVar("sidecar_mcp_caller", default=
 """The caller of the request being handled, set by the endpoint for the SDK callbacks that get no ctx."""
 
 
-def _principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
+def principal_of(ctx: ServerRequestContext[Any, Any]) -> Principal:
     request = ctx.request
     scope = getattr(request, "scope", None)
     principal = scope.get(SCOPE_KEY) if isinstance(scope, dict) else None
@@ -105,7 +105,7 @@ class ChangeHub:
     async def listen(
         self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
     ) -> types.SubscriptionsListenResult:
-        session_id = _principal(ctx).session_id
+        session_id = principal_of(ctx).session_id
         entry = self._listeners.get(session_id)
         if entry is None:
             bus = InMemorySubscriptionBus()
@@ -175,7 +175,7 @@ def build_mcp_server(
     """The SDK server for ``/mcp``. Every handler resolves the live session first."""
 
     def live_session(ctx: ServerRequestContext[Any, Any]) -> Session | None:
-        return sessions.alive(_principal(ctx).session_id)
+        return sessions.alive(principal_of(ctx).session_id)
 
     converted: dict[str, tuple[ToolDef, types.Tool]] = {}
 
@@ -192,7 +192,7 @@ def build_mcp_server(
         session = live_session(ctx)
         if session is None:
             return types.ListToolsResult(tools=[])
-        route = _principal(ctx).route
+        route = principal_of(ctx).route
         if route == PROXY_ROUTE:
             return types.ListToolsResult(tools=[as_mcp(t) for t in tools.listed(session)])
         # A connector's own route (/mcp/connectors/<id>): that connector's tools only, none deferred.
@@ -201,7 +201,7 @@ def build_mcp_server(
     async def on_call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        principal = _principal(ctx)
+        principal = principal_of(ctx)
         session = sessions.alive(principal.session_id)
         if session is None:
             return _error_result("this session has ended")
@@ -215,7 +215,7 @@ def build_mcp_server(
             params.arguments,
             via="mcp",
             abort_keys=(route_key(principal.route),),
-            ask=_elicitation_asker(ctx),
+            ask=elicitation_asker(ctx),
             progress=ctx.session.report_progress,  # a no-op unless the request carried a progress token
         )
         if outcome.content is not None:
@@ -240,7 +240,7 @@ def build_mcp_server(
         if request is not None and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
             transport_id = request.headers.get("mcp-session-id")
             if transport_id:
-                hub.remember(_principal(ctx).session_id, transport_id, ctx.session)
+                hub.remember(principal_of(ctx).session_id, transport_id, ctx.session)
         return await call_next(ctx)
 
     def input_schema(name: str) -> dict[str, Any] | None:
@@ -281,7 +281,7 @@ def _catalog_handlers(
 
     def scope(ctx: ServerRequestContext[Any, Any]) -> tuple[str, str] | None:
         """On a connector's own route: the (URI, name) prefixes it may reach; None on the bus."""
-        route = _principal(ctx).route
+        route = principal_of(ctx).route
         if route == PROXY_ROUTE:
             return None
         connector_id = route.removeprefix("connector:")
@@ -344,7 +344,7 @@ def _catalog_handlers(
     }
 
 
-def _elicitation_asker(ctx: ServerRequestContext[Any, Any]) -> Asker | None:
+def elicitation_asker(ctx: ServerRequestContext[Any, Any]) -> Asker | None:
     """Ask through MCP elicitation when this client and this exchange can carry the question."""
     if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
         return None  # 2026-07-28 has no server-to-client requests: pending approval instead

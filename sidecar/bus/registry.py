@@ -85,9 +85,12 @@ class ToolOutput:
     content: tuple[Mapping[str, Any], ...] | None = None
     is_error: bool = False
     """A connector's own error result (kept whole, content included), not a failure of sidecar's."""
+    raw: Mapping[str, Any] | None = None
+    """The connector's whole result as it came over the wire (the faithful relay passes it on untouched)."""
 
 
 ToolHandler = Callable[[dict[str, Any], CallContext], Awaitable[ToolOutput]]
+"""A tool's implementation; ``ToolService.call(execute=...)`` may stand in for it (the faithful relay)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from sidecar.auth.sessions import Session, SessionStore, session_key
 from sidecar.bus.approvals import ApprovalStore, arguments_digest
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
-from sidecar.bus.registry import CallContext, Progress, ToolDef, ToolRegistry
+from sidecar.bus.registry import CallContext, Progress, ToolDef, ToolHandler, ToolRegistry
 from sidecar.bus.search import SearchIndex
 from sidecar.errors import ToolError
 from sidecar.store.audit import AuditLog, shape_of
@@ -79,6 +79,8 @@ class CallOutcome:
     approval_id: str | None = None
     content: tuple[Mapping[str, Any], ...] | None = None
     """MCP content blocks from a connector, passed through as they came."""
+    raw: Mapping[str, Any] | None = None
+    """A relayed connector's whole wire result (``ToolOutput.raw``)."""
 
     @property
     def is_error(self) -> bool:
@@ -234,8 +236,13 @@ class ToolService:
         abort_keys: Iterable[Hashable] = (),
         ask: Asker | None = None,
         progress: Progress | None = None,
+        execute: ToolHandler | None = None,
     ) -> CallOutcome:
-        """Decide, check arguments, get approval if needed, run and audit one call; never raises."""
+        """Decide, check arguments, get approval if needed, run and audit one call; never raises.
+
+        ``execute`` runs instead of the tool's own handler, after the same decision and approvals: the
+        faithful relay forwards the call's whole request to the connector this way.
+        """
         started = time.perf_counter()
         keys = (session_key(session.id), *abort_keys)
         tool, decision = self.decide_call(session, name)
@@ -249,10 +256,10 @@ class ToolService:
                     outcome = self._fail(tool, decision, "error", args)
                 elif decision.verdict is Verdict.ASK:
                     outcome, grant, session = await self._approve_then_run(
-                        session, tool, args, decision, keys, ask, progress
+                        session, tool, args, decision, keys, ask, progress, execute
                     )
                 else:
-                    outcome = await self._run(session, tool, args, decision, keys, ask, progress)
+                    outcome = await self._run(session, tool, args, decision, keys, ask, progress, execute)
         except asyncio.CancelledError:
             # The caller went away (client disconnect, revocation): still leave a record of the call.
             aborted = CallOutcome(tool=name, status="aborted", text="call aborted", decision=decision)
@@ -270,6 +277,7 @@ class ToolService:
         keys: tuple[Hashable, ...],
         ask: Asker | None,
         progress: Progress | None,
+        execute: ToolHandler | None,
     ) -> tuple[CallOutcome, str | None, Session]:
         digest = arguments_digest(args)
         kind = decision.kind or "confirm"
@@ -309,7 +317,7 @@ class ToolService:
                 approval_id=approval.id,
             )
             return outcome, None, session
-        return await self._run(session, tool, args, decision, keys, ask, progress), grant, session
+        return await self._run(session, tool, args, decision, keys, ask, progress, execute), grant, session
 
     @staticmethod
     async def _ask(ask: Asker, question: Question) -> Answer | None:
@@ -330,6 +338,7 @@ class ToolService:
         keys: tuple[Hashable, ...],
         ask: Asker | None,
         progress: Progress | None = None,
+        execute: ToolHandler | None = None,
     ) -> CallOutcome:
         context = CallContext(
             session_id=session.id,
@@ -338,7 +347,7 @@ class ToolService:
             bus=_SessionBus(self, session, ask, keys[1:], progress),
             progress=progress,
         )
-        task = asyncio.ensure_future(tool.handler(args, context))
+        task = asyncio.ensure_future((execute or tool.handler)(args, context))
         with self._inflight.track(keys, lambda: _cancel(task)):
             try:
                 output = await task
@@ -368,6 +377,7 @@ class ToolService:
             source=tool.source,
             server=tool.server,
             content=output.content,
+            raw=output.raw,
         )
 
     @staticmethod

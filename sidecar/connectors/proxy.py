@@ -234,7 +234,10 @@ class ConnectorTools:
     async def _check_drift(self, connector: Connector, client: Any) -> None:
         """Rug-pull check, once per process: its tools against the fingerprints approved at trust."""
         self._checked.add(client)
-        tools = await self._list(client)
+        self.record_drift(connector, await self._list(client))
+
+    def record_drift(self, connector: Connector, tools: list[Mapping[str, Any]]) -> None:
+        """Compare tools a connector just listed with those approved at trust; withhold and announce changes."""
         drift = self._trust.tool_drift(connector.key, {str(t["name"]): tool_fingerprint(t) for t in tools})
         if drift != connector.tool_drift:
             connector.tool_drift = drift
