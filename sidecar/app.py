@@ -9,6 +9,7 @@ then the MCP session manager stops, then the audit log closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -48,6 +49,7 @@ from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
 from sidecar.connectors.manager import ConnectorManager
 from sidecar.connectors.pool import LaunchContext, PoolLimits
+from sidecar.connectors.relay import Relay
 from sidecar.connectors.service import ConnectorService
 from sidecar.control import add_control_routes
 from sidecar.http import error_middleware, json_response
@@ -95,20 +97,24 @@ def build_app(
         connectors=lambda session_id: [c.public() for c in connectors.trusted()],
     )
     hub = ChangeHub()
-    announcer = _Announcer(hub, sessions)
-    connector_service = ConnectorService(
-        manager=connectors,
-        trust=trust,
-        registry=registry,
-        cache_dir=paths.state / "connectors",
-        context=lambda session_id, workspace: LaunchContext(
+
+    def launch_context(session_id: str, workspace: str) -> LaunchContext:
+        return LaunchContext(
             origin=f"http://127.0.0.1:{runtime.port}",
             # The internal API (SPEC §7) that this credential is for arrives with OAuth; until then it
             # authorizes nothing, and a connector never sees a route token or the user's tokens.
             authorization=f"Bearer {mint_token()}",
             envelope=sessions.envelope(session_id),
             workspace=workspace,
-        ),
+        )
+
+    announcer = _Announcer(hub, sessions)
+    connector_service = ConnectorService(
+        manager=connectors,
+        trust=trust,
+        registry=registry,
+        cache_dir=paths.state / "connectors",
+        context=launch_context,
         notify=announcer,
         routes=routes,
         limits=PoolLimits(
@@ -139,6 +145,16 @@ def build_app(
         inflight=inflight,
         hub=hub,
     )
+    relay = Relay(
+        manager=connectors,
+        connector_tools=connector_service.tools,
+        tools=tools,
+        sessions=sessions,
+        context=launch_context,
+        start_timeout=settings.connectors.start_timeout,
+    )
+    connector_service.relay = relay
+    relay_endpoint = McpEndpoint(relay.server(), settings=settings, inflight=inflight, hub=hub)
 
     app = web.Application(
         middlewares=[
@@ -172,20 +188,23 @@ def build_app(
     async def mcp(request: web.Request) -> web.StreamResponse:
         return await endpoint.handle(request, request[PRINCIPAL])
 
+    async def relayed(request: web.Request) -> web.StreamResponse:
+        return await relay_endpoint.handle(request, request[PRINCIPAL])
+
     async def healthz(request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
 
     app.on_response_prepare.append(add_vary_origin)
     app.router.add_get("/healthz", healthz)
     app.router.add_route("*", "/mcp", mcp)
-    app.router.add_route("*", "/mcp/connectors/{connector_id}", mcp)
+    app.router.add_route("*", "/mcp/connectors/{connector_id}", relayed)
     RestFacade(registry=registry, tools=tools, sessions=sessions, limits=settings.limits).add_routes(app)
     add_control_routes(app)
 
     _add_lifecycle(
         app,
         audit=audit,
-        endpoint=endpoint,
+        endpoints=(endpoint, relay_endpoint),
         routes=routes,
         sessions=sessions,
         runtime=runtime,
@@ -204,7 +223,7 @@ def _add_lifecycle(
     app: web.Application,
     *,
     audit: AuditLog,
-    endpoint: McpEndpoint,
+    endpoints: tuple[McpEndpoint, ...],
     routes: RouteRegistry,
     sessions: SessionStore,
     runtime: Runtime,
@@ -219,7 +238,9 @@ def _add_lifecycle(
         audit.close()
 
     async def manager_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with endpoint.run():
+        async with contextlib.AsyncExitStack() as stack:
+            for endpoint in endpoints:
+                await stack.enter_async_context(endpoint.run())
             yield
 
     async def routes_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.auth.routes import RouteRegistry
 from sidecar.bus.registry import ToolRegistry
@@ -22,6 +22,9 @@ from sidecar.connectors.pool import ConnectorPool, LaunchContext, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools
 from sidecar.errors import SidecarError
 from sidecar.store.trust import TrustStore
+
+if TYPE_CHECKING:
+    from sidecar.connectors.relay import Relay
 
 __all__ = ["ConnectorService", "route_name"]
 
@@ -64,8 +67,14 @@ class ConnectorService:
         )
         self.catalog = ConnectorCatalog(manager=manager, pool=self.pool, offers=self.tools.offers, context=context)
         self._tasks: set[asyncio.Task[Any]] = set()
-        manager.running_count = self.pool.running
+        self.relay: Relay | None = None
+        """The faithful relay behind the connectors' own routes; its connections go where the pool's go."""
+        manager.running_count = self._running
         manager.subscribe(self._on_connector)
+
+    def _running(self, connector_id: str | None = None) -> int:
+        relayed = self.relay.running(connector_id) if self.relay is not None else 0
+        return self.pool.running(connector_id) + relayed
 
     def start(self) -> None:
         """Register the cached tools of the connectors trusted in earlier runs (spawns nothing)."""
@@ -106,10 +115,14 @@ class ConnectorService:
 
     def session_ended(self, session_id: str) -> None:
         self._background(self.pool.stop_session(session_id))
+        if self.relay is not None:
+            self._background(self.relay.close_session(session_id))
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
+        if self.relay is not None:
+            await self.relay.close()
         await self.pool.close()
 
     def _on_connector(self, connector: Connector, event: str) -> None:
@@ -119,6 +132,8 @@ class ConnectorService:
 
     async def _withdraw(self, connector_id: str) -> None:
         self._unmount(connector_id)
+        if self.relay is not None:
+            await self.relay.close_connector(connector_id)
         await self.pool.stop_connector(connector_id)
         self.tools.sync()
         self._notify(None)

@@ -1,0 +1,349 @@
+"""``/mcp/connectors/<id>``: one connector relayed faithfully, as if the client talked to it directly.
+
+Requests and results pass as they are (raw JSON-RPC, not re-typed), under new request ids that the
+upstream dispatcher maps back; a client's cancel reaches the connector under the connector's id, and
+progress comes back under the client's token. What the connector sends on its own (logging,
+sampling, elicitation, roots, list-changed, resource updates) goes to the client exchange that is
+waiting on it, or to the client's standalone stream when none is.
+
+Protocol eras are kept end to end. A 2025-era MCP session gets a connector connection of its own,
+opened by relaying its ``initialize`` and closed with the session: per-connection state such as the
+log level, subscriptions and server→client requests then belongs to exactly one client. 2026-07-28
+requests are self-contained, so one connection per (sidecar session, connector) serves them all.
+
+Policy still holds on this route: the route exists only while the connector is trusted, every call
+goes through ``ToolService.call`` (the one decision, approvals, billing, audit, abort on revocation),
+``tools/list`` shows only tools this session may call and that have not changed since trust, and
+resources and prompts need the session's grant of the connector (as on ``/mcp``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+from mcp.server import Server, ServerRequestContext
+from mcp.server.connection import Connection
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.exceptions import MCPError
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, RequestId
+
+from sidecar.auth.routes import route_key
+from sidecar.auth.sessions import Session, SessionStore
+from sidecar.bus.mcp import CALLER, elicitation_asker, principal_of
+from sidecar.bus.registry import CallContext, ToolOutput
+from sidecar.bus.tools import ToolService
+from sidecar.connectors.manager import Connector, ConnectorManager
+from sidecar.connectors.pool import LaunchContext, launch_plan
+from sidecar.connectors.proxy import ConnectorTools, proxied_name
+from sidecar.connectors.upstream import Sink, Upstream
+from sidecar.errors import SidecarError, ToolError
+
+__all__ = ["Relay"]
+
+logger = logging.getLogger(__name__)
+
+ROUTE_PREFIX: Final = "connector:"
+_STATE_KEY: Final = "sidecar.relay"
+_UNGATED: Final = frozenset({"ping", "logging/setLevel", "server/discover", "tools/list"})
+"""Requests any live session on the route may send: they reach no resource or prompt, and tools are
+filtered (``tools/list``) or decided (``tools/call``) one by one, as a grant may name single tools."""
+_NOT_RELAYED: Final = frozenset({"notifications/cancelled", "notifications/progress"})
+"""Client notifications the dispatchers already turned into the connector's own ids."""
+
+
+class Relay:
+    """The SDK server behind ``/mcp/connectors/<id>`` and the connector connections it opened."""
+
+    def __init__(
+        self,
+        *,
+        manager: ConnectorManager,
+        connector_tools: ConnectorTools,
+        tools: ToolService,
+        sessions: SessionStore,
+        context: Callable[[str, str], LaunchContext],
+        start_timeout: float,
+    ) -> None:
+        self._manager = manager
+        self._connector_tools = connector_tools
+        self._tools = tools
+        self._sessions = sessions
+        self._context = context
+        self._start_timeout = start_timeout
+        self._open: dict[Upstream, tuple[str, str]] = {}
+        self._modern: dict[tuple[str, str], Upstream] = {}
+        self._starting: dict[tuple[str, str], asyncio.Lock] = {}
+
+    # -- facts and teardown ----------------------------------------------------------------------
+
+    def running(self, connector_id: str | None = None) -> int:
+        return sum(1 for _, cid in self._open.values() if connector_id is None or cid == connector_id)
+
+    def pids(self) -> list[int]:
+        return [pid for upstream in self._open if (pid := upstream.pid) is not None]
+
+    async def close_session(self, session_id: str) -> None:
+        await self._close_where(lambda key: key[0] == session_id)
+
+    async def close_connector(self, connector_id: str) -> None:
+        await self._close_where(lambda key: key[1] == connector_id)
+
+    async def close(self) -> None:
+        await self._close_where(lambda key: True)
+
+    async def _close_where(self, match: Callable[[tuple[str, str]], bool]) -> None:
+        doomed = [upstream for upstream, key in self._open.items() if match(key)]
+        await asyncio.gather(*(self._drop(upstream) for upstream in doomed))
+
+    async def _drop(self, upstream: Upstream) -> None:
+        key = self._open.pop(upstream, None)
+        if key is not None and self._modern.get(key) is upstream:
+            del self._modern[key]
+        await upstream.close()
+
+    # -- the SDK server ----------------------------------------------------------------------------
+
+    def server(self) -> Server[Any]:
+        async def never_called(ctx: ServerRequestContext[Any, Any], params: Any) -> Any:
+            raise AssertionError("the relay middleware answers every request")
+
+        def input_schema(name: str) -> dict[str, Any] | None:
+            # 2026-07-28 Mcp-Param-* headers are checked against the schema approved at trust.
+            principal = CALLER.get()
+            session = self._sessions.alive(principal.session_id) if principal is not None else None
+            if principal is None or session is None:
+                return None
+            tool = self._tools.lookup(session, proxied_name(_connector_id(principal.route), name))
+            return dict(tool.input_schema) if tool is not None else None
+
+        server: Server[Any] = Server("sidecar-relay", on_list_tools=never_called, get_tool_input_schema=input_schema)
+        server.middleware = [self._middleware]
+        return server
+
+    async def _middleware(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        call_next: Callable[[ServerRequestContext[Any, Any]], Awaitable[Any]],
+    ) -> Any:
+        principal = principal_of(ctx)
+        connector_id = _connector_id(principal.route)
+        if ctx.request_id is None:  # a client notification
+            upstream = _connection_state(ctx).get(_STATE_KEY)
+            if isinstance(upstream, Upstream) and ctx.method not in _NOT_RELAYED:
+                await upstream.notify(ctx.method, ctx.params)
+            return await call_next(ctx)  # the downstream connection keeps its own state too
+        session = self._sessions.alive(principal.session_id)
+        if session is None:
+            raise MCPError(code=INVALID_REQUEST, message="this session has ended")
+        connector = self._trusted(connector_id)
+        if ctx.method == "initialize":
+            if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                return await call_next(ctx)  # removed at 2026-07-28: the SDK answers as its own server would
+            return await self._initialize(ctx, session, connector)
+        upstream = await self._upstream(ctx, session, connector)
+        channel, _ = _channels(ctx)
+        with upstream.serving(channel):
+            return await self._forward(ctx, session, connector, upstream, channel)
+
+    def _trusted(self, connector_id: str) -> Connector:
+        try:
+            connector = self._manager.get(connector_id)
+        except SidecarError:
+            connector = None
+        if connector is None or not connector.trusted:
+            raise MCPError(code=INVALID_REQUEST, message=f"connector {connector_id} is not trusted")
+        return connector
+
+    # -- connections -------------------------------------------------------------------------------
+
+    async def _open_upstream(self, session: Session, connector: Connector) -> Upstream:
+        plan = launch_plan(connector.spec, self._context(session.id, session.workspace))
+        upstream = Upstream(plan, name=connector.id)
+        self._open[upstream] = (session.id, connector.id)
+        try:
+            await upstream.start(self._start_timeout)
+        except BaseException:
+            self._open.pop(upstream, None)
+            raise
+        return upstream
+
+    async def _initialize(
+        self, ctx: ServerRequestContext[Any, Any], session: Session, connector: Connector
+    ) -> dict[str, Any]:
+        """A 2025-era MCP session opens: give it a connector connection of its own and relay the handshake."""
+        _, connection = _channels(ctx)
+        try:
+            upstream = await self._open_upstream(session, connector)
+        except ToolError as exc:
+            raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
+        upstream.standalone = connection
+        connection.state[_STATE_KEY] = upstream
+        # The SDK unwinds this stack when the MCP session ends (DELETE, idle expiry, shutdown).
+        connection.exit_stack.push_async_callback(self._drop, upstream)
+        try:
+            return await upstream.request("initialize", ctx.params, {"cancel_on_abandon": False})
+        except BaseException:
+            await self._drop(upstream)
+            raise
+
+    async def _upstream(self, ctx: ServerRequestContext[Any, Any], session: Session, connector: Connector) -> Upstream:
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return await self._modern_upstream(session, connector)
+        upstream = _connection_state(ctx).get(_STATE_KEY)
+        if not isinstance(upstream, Upstream) or not upstream.alive:
+            raise MCPError(
+                code=INTERNAL_ERROR,
+                message=f"connector {connector.id} is not running for this MCP session; start a new session",
+            )
+        return upstream
+
+    async def _modern_upstream(self, session: Session, connector: Connector) -> Upstream:
+        key = (session.id, connector.id)
+        async with self._starting.setdefault(key, asyncio.Lock()):
+            upstream = self._modern.get(key)
+            if upstream is not None and upstream.alive:
+                return upstream
+            if upstream is not None:
+                await self._drop(upstream)
+            try:
+                upstream = await self._open_upstream(session, connector)
+            except ToolError as exc:
+                raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
+            self._modern[key] = upstream
+            return upstream
+
+    # -- forwarding --------------------------------------------------------------------------------
+
+    async def _forward(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        session: Session,
+        connector: Connector,
+        upstream: Upstream,
+        channel: Sink,
+    ) -> dict[str, Any]:
+        method, params = ctx.method, ctx.params
+        opts = _progress_opts(ctx)
+        if method == "tools/call":
+            return await self._call_tool(ctx, session, connector, upstream, channel, opts)
+        if method not in _UNGATED and not _grants_connector(session, connector.id):
+            raise MCPError(code=INVALID_REQUEST, message=f"this session's grant does not include {connector.id}")
+        result = await upstream.request(method, params, opts, origin=_origin(ctx, channel))
+        if method == "tools/list":
+            result = self._visible_tools(session, connector, result)
+        return result
+
+    def _visible_tools(self, session: Session, connector: Connector, result: dict[str, Any]) -> dict[str, Any]:
+        listed = [tool for tool in result.get("tools") or [] if isinstance(tool, Mapping)]
+        self._connector_tools.record_drift(connector, listed)
+        allowed = {tool.name for tool in self._tools.visible(session)}
+        kept = [
+            tool
+            for tool in listed
+            if proxied_name(connector.id, str(tool.get("name"))) in allowed
+            and tool.get("name") not in connector.tool_drift
+        ]
+        return {**result, "tools": kept}
+
+    async def _call_tool(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        session: Session,
+        connector: Connector,
+        upstream: Upstream,
+        channel: Sink,
+        opts: CallOptions,
+    ) -> dict[str, Any]:
+        params = dict(ctx.params or {})
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise MCPError(code=INVALID_PARAMS, message="tools/call needs a tool name")
+        if name in connector.tool_drift:
+            return _error_result(
+                f"{name} changed since {connector.id} was trusted; it is withheld until the user runs: "
+                f"sidecar connectors trust {connector.id}"
+            )
+        failure: list[MCPError] = []
+
+        async def execute(arguments: dict[str, Any], context: CallContext) -> ToolOutput:
+            # Only the arguments the tool declares go on (as on /mcp); everything else of the request
+            # (its _meta, 2026-07-28 input responses and request state) passes as it came.
+            forwarded = {**params, "arguments": arguments}
+            try:
+                raw = await upstream.request("tools/call", forwarded, opts, origin=_origin(ctx, channel))
+            except MCPError as exc:
+                failure.append(exc)
+                raise ToolError(exc.error.message) from None
+            return ToolOutput(text=_preview(raw), is_error=bool(raw.get("isError")), raw=raw)
+
+        outcome = await self._tools.call(
+            session,
+            proxied_name(connector.id, name),
+            params.get("arguments") if isinstance(params.get("arguments"), Mapping) else {},
+            via="relay",
+            abort_keys=(route_key(principal_of(ctx).route),),
+            ask=elicitation_asker(ctx),
+            execute=execute,
+        )
+        if failure:
+            raise failure[0]  # the connector's own JSON-RPC error, as it sent it
+        if outcome.raw is not None:
+            return dict(outcome.raw)
+        return _error_result(outcome.text)
+
+
+def _origin(ctx: ServerRequestContext[Any, Any], channel: Sink) -> tuple[Sink, RequestId] | None:
+    return (channel, ctx.request_id) if ctx.request_id is not None else None
+
+
+def _connector_id(route: str) -> str:
+    return route.removeprefix(ROUTE_PREFIX)
+
+
+def _grants_connector(session: Session, connector_id: str) -> bool:
+    return "*" in session.allow or f"mcp__{connector_id}__*" in session.allow
+
+
+def _channels(ctx: ServerRequestContext[Any, Any]) -> tuple[Sink, Connection]:
+    """The exchange's raw request-scoped channel and the MCP connection behind ``ctx.session``.
+
+    The SDK keeps both inside ``ServerSession`` without a public accessor yet (its context rework is
+    marked provisional); a relay needs them raw. ``tests/unit/test_relay.py`` pins this seam.
+    """
+    session = ctx.session
+    return session._request_outbound, session._connection
+
+
+def _connection_state(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
+    return _channels(ctx)[1].state
+
+
+def _progress_opts(ctx: ServerRequestContext[Any, Any]) -> CallOptions:
+    """Relay the connector's progress when the client asked for it, under the client's own token."""
+    meta = (ctx.params or {}).get("_meta")
+    if not isinstance(meta, Mapping) or meta.get("progressToken") is None:
+        return {}
+    channel = _channels(ctx)[0]
+    request_outbound: Any = channel
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        await request_outbound.progress(progress, total, message)
+
+    return {"on_progress": progress}
+
+
+def _preview(raw: Mapping[str, Any]) -> str:
+    """A text summary of a relayed result, for the audit preview (the client gets the result whole)."""
+    content = raw.get("content")
+    if isinstance(content, list):
+        texts = [str(block.get("text", "")) for block in content if isinstance(block, Mapping)]
+        return "\n".join(t for t in texts if t) or f"[{len(content)} blocks]"
+    return str(raw.get("resultType") or "result")
+
+
+def _error_result(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}

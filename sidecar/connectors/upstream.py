@@ -1,0 +1,214 @@
+"""One raw JSON-RPC connection to a connector, for the faithful relay (``connectors/relay.py``).
+
+The relay forwards messages as they are, so it talks to the connector below the SDK's typed client:
+a ``JSONRPCDispatcher`` over the connector's stdio (a ``ConnectorProcess`` of its own) or over a
+Streamable HTTP client. The dispatcher mints its own request ids and maps progress tokens and
+cancellations to them, which is exactly the id mapping a relay needs.
+
+What the connector sends on its own (server→client requests and notifications) goes to a *sink*. A
+notification that names the request it belongs to (a 2026-07-28 subscription event names its
+``subscriptions/listen``) goes to that request's client exchange, under the client's own id. Anything
+else goes to the client exchange waiting on this connection, or to the client connection's standalone
+channel when none is (``Upstream.serving``): stdio carries nothing that ties a server→client request
+or a log line to the request that caused it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Final, Protocol
+
+import anyio
+import httpx2
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import CallOptions, DispatchContext
+from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
+from mcp.shared.transport_context import TransportContext
+from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND, RequestId
+
+from sidecar.connectors.pool import CALL_TIMEOUT, LaunchPlan
+from sidecar.connectors.process import ConnectorProcess, ProcessLimits
+from sidecar.errors import ToolError
+
+__all__ = ["Sink", "Upstream"]
+
+logger = logging.getLogger(__name__)
+
+_HANDLED_BY_DISPATCHER: Final = frozenset({"notifications/progress", "notifications/cancelled"})
+"""Correlated by the dispatcher itself (progress to its caller, cancel to its handler): never relayed raw."""
+
+
+class Sink(Protocol):
+    """Where a connector's own traffic goes: the SDK's ``Outbound`` shape (a dispatch context or connection)."""
+
+    async def send_raw_request(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> dict[str, Any]: ...
+
+    async def notify(self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None) -> None: ...
+
+
+class Upstream:
+    """A connector connection owned by one holder task; ``request``/``notify`` may be called from any task."""
+
+    def __init__(self, plan: LaunchPlan, *, name: str, limits: ProcessLimits | None = None) -> None:
+        self.name = name
+        self._plan = plan
+        self._limits = limits or ProcessLimits()
+        self._dispatcher: JSONRPCDispatcher[TransportContext] | None = None
+        self._process: ConnectorProcess | None = None
+        self._stop = asyncio.Event()
+        self._holder: asyncio.Task[None] | None = None
+        self._sinks: list[Sink] = []
+        self._ids = itertools.count(1)
+        self._requests: dict[str, tuple[Sink, RequestId]] = {}
+        """Our id for a request in flight → the client exchange that sent it, and the client's own id."""
+        self.standalone: Sink | None = None
+        self.last_used = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._holder is not None and not self._holder.done() and self._dispatcher is not None
+
+    async def start(self, start_timeout: float) -> None:
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._holder = asyncio.create_task(self._hold(ready), name=f"relay-{self.name}")
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), start_timeout)
+        except TimeoutError:
+            await self.close()
+            raise ToolError(f"connector {self.name} did not start within {start_timeout:g}s") from None
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Stop the connection; a process of its own goes through the full stop escalation."""
+        self._stop.set()
+        if self._holder is not None:
+            await asyncio.wait({self._holder})
+
+    async def request(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None,
+        opts: CallOptions | None = None,
+        *,
+        origin: tuple[Sink, RequestId] | None = None,
+    ) -> dict[str, Any]:
+        """Send one request under an id of ours; ``origin`` is the client exchange and id it came from."""
+        dispatcher = self._dispatcher
+        if dispatcher is None:
+            raise MCPError(code=INTERNAL_ERROR, message=f"connector {self.name} is not running")
+        self.last_used = time.monotonic()
+        # A string id that never parses as an integer: unique for the connection's life, never reused.
+        ours = f"sidecar-{next(self._ids)}"
+        options: CallOptions = {"timeout": CALL_TIMEOUT, **(opts or {}), "request_id": ours}
+        if origin is not None:
+            self._requests[ours] = origin
+        try:
+            return await dispatcher.send_raw_request(method, params, options)
+        finally:
+            self._requests.pop(ours, None)
+
+    async def notify(self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None) -> None:
+        if self._dispatcher is not None:
+            await self._dispatcher.notify(method, params, opts)
+
+    @contextlib.contextmanager
+    def serving(self, sink: Sink) -> Any:
+        """While a downstream exchange waits on this connection, what the connector sends goes to it."""
+        self._sinks.append(sink)
+        try:
+            yield
+        finally:
+            self._sinks.remove(sink)
+
+    def _sink(self) -> Sink | None:
+        return self._sinks[-1] if self._sinks else self.standalone
+
+    # -- the connector's own traffic -------------------------------------------------------------
+
+    async def _on_request(
+        self, dctx: DispatchContext[TransportContext], method: str, params: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        sink = self._sink()
+        if sink is None:
+            raise MCPError(code=METHOD_NOT_FOUND, message=f"{method}: no client is connected to answer it")
+        return await sink.send_raw_request(method, params)
+
+    async def _on_notify(
+        self, dctx: DispatchContext[TransportContext], method: str, params: Mapping[str, Any] | None
+    ) -> None:
+        if method in _HANDLED_BY_DISPATCHER:
+            return
+        meta = params.get("_meta") if params is not None else None
+        subscription = meta.get(SUBSCRIPTION_ID_META_KEY) if isinstance(meta, Mapping) else None
+        origin = self._requests.get(str(subscription)) if subscription is not None else None
+        if origin is not None and params is not None and isinstance(meta, Mapping):
+            exchange, client_id = origin
+            await exchange.notify(method, {**params, "_meta": {**meta, SUBSCRIPTION_ID_META_KEY: client_id}})
+            return
+        sink = self._sink()
+        if sink is not None:
+            await sink.notify(method, params)
+
+    # -- the holder ------------------------------------------------------------------------------
+
+    async def _hold(self, ready: asyncio.Future[None]) -> None:
+        try:
+            async with self._transport() as (read, write):
+                dispatcher: JSONRPCDispatcher[TransportContext] = JSONRPCDispatcher(read, write)
+                async with anyio.create_task_group() as group:
+                    await group.start(dispatcher.run, self._on_request, self._on_notify)
+                    self._dispatcher = dispatcher
+                    ready.set_result(None)
+                    await self._until_stopped_or_closed(dispatcher)
+                    group.cancel_scope.cancel()
+        except Exception as exc:
+            reason = (self._process.exit_reason if self._process else None) or f"{type(exc).__name__}: {exc}"
+            if not ready.done():
+                ready.set_exception(ToolError(f"connector {self.name} failed to start: {reason[:200]}"))
+            logger.warning("relay to connector %s ended: %s", self.name, reason[:200])
+        finally:
+            self._dispatcher = None
+            if not ready.done():
+                ready.set_exception(ToolError(f"connector {self.name} stopped before it was ready"))
+
+    async def _until_stopped_or_closed(self, dispatcher: JSONRPCDispatcher[TransportContext]) -> None:
+        stop = asyncio.create_task(self._stop.wait())
+        exited = asyncio.create_task(self._process.exited.wait()) if self._process is not None else None
+        waiting = {stop} | ({exited} if exited is not None else set())
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waiting:
+                task.cancel()
+
+    @contextlib.asynccontextmanager
+    async def _transport(self) -> AsyncIterator[Any]:
+        plan = self._plan
+        if plan.url is not None:
+            async with (
+                httpx2.AsyncClient(
+                    headers=dict(plan.headers), timeout=httpx2.Timeout(CALL_TIMEOUT, connect=10.0)
+                ) as http,
+                streamable_http_client(plan.url, http_client=http) as streams,
+            ):
+                yield streams
+            return
+        process = ConnectorProcess(plan.argv, env=plan.env, cwd=plan.cwd, limits=self._limits, name=self.name)
+        self._process = process
+        async with process, process.transport() as streams:
+            yield streams
