@@ -152,6 +152,7 @@ def build_app(
         sessions=sessions,
         context=launch_context,
         start_timeout=settings.connectors.start_timeout,
+        check_caps=connector_service.pool.check_caps,
     )
     connector_service.relay = relay
     relay_endpoint = McpEndpoint(relay.server(), settings=settings, inflight=inflight, hub=hub)

@@ -180,13 +180,16 @@ class ConnectorPool:
         process_limits: ProcessLimits | None = None,
         on_change: ChangeCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
+        count: Callable[[str | None], int] | None = None,
     ) -> None:
+        """``count`` counts processes against the caps when others than the pool's own run too (the relay's)."""
         self._limits = limits or PoolLimits()
         self._process_limits = process_limits or ProcessLimits()
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._on_change = on_change
         self._clock = clock
         self._reaper: asyncio.Task[None] | None = None
+        self._count = count or self.running
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -231,7 +234,7 @@ class ConnectorPool:
             wait = slot.retry_at - self._clock()
             if wait > 0:
                 raise ToolError(f"connector {spec.id} crashed and restarts in {wait:.0f}s; try again then")
-            self._check_caps(spec.id)
+            self.check_caps(spec.id)
             slot.spec, slot.plan = spec, plan
             ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
             slot.stop = asyncio.Event()
@@ -243,10 +246,11 @@ class ConnectorPool:
                 slot.stop.set()
                 raise ToolError(f"connector {spec.id} did not start within {self._limits.start_timeout:g}s") from None
 
-    def _check_caps(self, connector_id: str) -> None:
-        if self.running(connector_id) >= self._limits.per_connector:
+    def check_caps(self, connector_id: str) -> None:
+        """Refuse one more process of ``connector_id`` when its cap or the total cap is reached."""
+        if self._count(connector_id) >= self._limits.per_connector:
             raise ToolError(f"connector {connector_id} already runs {self._limits.per_connector} processes")
-        if self.running() >= self._limits.total:
+        if self._count(None) >= self._limits.total:
             raise ToolError(f"sidecar already runs {self._limits.total} connector processes")
 
     async def _hold(

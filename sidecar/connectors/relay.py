@@ -67,6 +67,7 @@ class Relay:
         sessions: SessionStore,
         context: Callable[[str, str], LaunchContext],
         start_timeout: float,
+        check_caps: Callable[[str], None] = lambda connector_id: None,
     ) -> None:
         self._manager = manager
         self._connector_tools = connector_tools
@@ -74,6 +75,7 @@ class Relay:
         self._sessions = sessions
         self._context = context
         self._start_timeout = start_timeout
+        self._check_caps = check_caps
         self._open: dict[Upstream, tuple[str, str]] = {}
         self._modern: dict[tuple[str, str], Upstream] = {}
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
@@ -161,6 +163,7 @@ class Relay:
     # -- connections -------------------------------------------------------------------------------
 
     async def _open_upstream(self, session: Session, connector: Connector) -> Upstream:
+        self._check_caps(connector.id)  # the relay's processes count against the same caps as the pool's
         plan = launch_plan(connector.spec, self._context(session.id, session.workspace))
         upstream = Upstream(plan, name=connector.id)
         self._open[upstream] = (session.id, connector.id)

@@ -55,7 +55,9 @@ class ConnectorService:
         self.manager = manager
         self._routes = routes
         self._notify = notify
-        self.pool = ConnectorPool(limits=limits, on_change=lambda session_id, _: notify(session_id))
+        self.pool = ConnectorPool(
+            limits=limits, on_change=lambda session_id, _: notify(session_id), count=self._running
+        )
         self.tools = ConnectorTools(
             registry=registry,
             manager=manager,
