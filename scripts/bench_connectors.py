@@ -263,6 +263,7 @@ class Endpoint:
     headers: dict[str, str] = field(default_factory=dict)
     arguments: dict[str, Any] = field(default_factory=lambda: {"text": "x"})
     expected: str = "x"
+    mode: str = "legacy"  # the SDK client's protocol era: "legacy" (2025-11-25) or "2026-07-28"
 
     @contextlib.asynccontextmanager
     async def client(self) -> AsyncIterator[Client]:
@@ -272,7 +273,7 @@ class Endpoint:
             return
         async with (
             httpx2.AsyncClient(headers=self.headers, timeout=60) as http,
-            Client(streamable_http_client(self.url, http_client=http), mode="legacy") as client,
+            Client(streamable_http_client(self.url, http_client=http), mode=self.mode) as client,
         ):
             yield client
 
@@ -637,6 +638,26 @@ def render(res: Results, plan: Plan, name: str, proxy_version: str | None) -> st
                 "",
             )
         )
+    for extra, label in (("sidecar-2026", "sidecar at 2026-07-28"), ("sidecar-relay", "sidecar relayed route")):
+        if extra in lat:
+            rows.append(
+                (
+                    f"  (info) {label}, median ms",
+                    lat_cell(extra),
+                    lat_cell("direct"),
+                    f"{lat[extra] / lat['direct']:.2f}",
+                    "",
+                )
+            )
+            rows.append(
+                (
+                    f"  (info) {label}, x{CALLERS} calls/s",
+                    f"{rate[extra]:.0f}",
+                    f"{rate['direct']:.0f}",
+                    f"{rate[extra] / rate['direct']:.2f}",
+                    "",
+                )
+            )
     cold, bare = _med(res.cold_sidecar), _med(res.cold_bare)
     rows.append(
         (
@@ -755,6 +776,17 @@ async def amain(args: argparse.Namespace) -> int:
                 arguments={"expression": "1+1"},
                 expected="2",
             )
+            # Information rows: the same call at 2026-07-28, and through the connector's own (relayed) route.
+            endpoints["sidecar-2026"] = dataclasses.replace(
+                endpoints["sidecar"], name="sidecar-2026", mode="2026-07-28"
+            )
+            relayed = await daemon.control(
+                http,
+                "POST",
+                "/control/sessions",
+                {"workspace": str(daemon.workspace), "mode": "bypass", "connector": "echo"},
+            )
+            endpoints["sidecar-relay"] = Endpoint("sidecar-relay", "echo", relayed["url"], dict(relayed["headers"]))
             if proxy_exe is not None:
                 try:
                     _, proxy_url = stack.enter_context(mcp_proxy_process(proxy_exe, workdir))
@@ -768,6 +800,7 @@ async def amain(args: argparse.Namespace) -> int:
             log(f"sidecar pid {daemon.pid}; paths: {', '.join(endpoints)}")
             await phase_calls(plan, endpoints, res)
             await daemon.end_session(http, session)
+            await daemon.end_session(http, relayed)
             await phase_cold(plan, daemon, http, res)
             await phase_churn(plan, daemon, http, res)
             await phase_list(plan, daemon, http, res)

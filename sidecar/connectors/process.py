@@ -509,8 +509,9 @@ class ConnectorProcess:
         try:
             with outbound:
                 async for message in outbound:
-                    proc.stdin.write(message.message.model_dump_json(by_alias=True, exclude_unset=True).encode())
-                    proc.stdin.write(b"\n")
+                    # One write per message: a pipe write is a system call.
+                    line = message.message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
+                    proc.stdin.write(line)
                     await proc.stdin.drain()
         except OSError:  # BrokenPipe/ConnectionReset: the connector closed stdin or died
             logger.info("connector %s: stdin closed; ending the session", self.name)

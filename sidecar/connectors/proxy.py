@@ -213,6 +213,9 @@ class ConnectorTools:
                     await context.progress(progress, total, message)
 
             try:
+                # wait_for's task of its own is needed: the SDK server cancels a handler again at every
+                # checkpoint (anyio scopes), and only a separate task lets the client's courtesy
+                # notifications/cancelled reach the connector (tests: a client cancel reaches it).
                 result = await asyncio.wait_for(
                     client.call_tool(tool, arguments, progress_callback=relay), CALL_TIMEOUT
                 )
