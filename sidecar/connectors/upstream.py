@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp.shared.transport_context import TransportContext
-from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND, RequestId
+from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestId
 
 from sidecar.connectors.pool import CALL_TIMEOUT, LaunchPlan
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
@@ -114,11 +114,16 @@ class Upstream:
         self.last_used = time.monotonic()
         # A string id that never parses as an integer: unique for the connection's life, never reused.
         ours = f"sidecar-{next(self._ids)}"
-        options: CallOptions = {"timeout": CALL_TIMEOUT, **(opts or {}), "request_id": ours}
+        options: CallOptions = {**(opts or {}), "request_id": ours}
         if origin is not None:
             self._requests[ours] = origin
         try:
-            return await dispatcher.send_raw_request(method, params, options)
+            # A task of its own (wait_for): the SDK server cancels a handler again at every checkpoint
+            # (anyio scopes), and only a separate task lets the dispatcher's notifications/cancelled
+            # reach the connector when the client cancels.
+            return await asyncio.wait_for(dispatcher.send_raw_request(method, params, options), CALL_TIMEOUT)
+        except TimeoutError:
+            raise MCPError(code=REQUEST_TIMEOUT, message=f"{method} took longer than {CALL_TIMEOUT:.0f}s") from None
         finally:
             self._requests.pop(ours, None)
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+import pytest
 from mcp import types
 
 from tests.conftest import Daemon, mcp_client
@@ -246,12 +247,14 @@ async def test_a_trusted_connector_has_its_own_route_that_dies_with_its_trust(da
     assert "not trusted" in refused["error"]["message"]
 
 
-async def test_a_client_cancel_reaches_the_connector(daemon: Daemon, tmp_path: Path) -> None:
+@pytest.mark.parametrize("route", ["bus", "relayed"])
+async def test_a_client_cancel_reaches_the_connector(daemon: Daemon, tmp_path: Path, route: str) -> None:
     await _trust_echo(daemon)
     log = tmp_path / "sleep.log"
-    session = await daemon.new_session(mode="bypass")
+    session = await daemon.new_session(mode="bypass", **({"connector": "echo"} if route == "relayed" else {}))
+    tool = "sleep_logged" if route == "relayed" else "mcp__echo__sleep_logged"
     async with mcp_client(session) as client:
-        call = asyncio.create_task(client.call_tool("mcp__echo__sleep_logged", {"seconds": 600, "log": str(log)}))
+        call = asyncio.create_task(client.call_tool(tool, {"seconds": 600, "log": str(log)}))
         async with asyncio.timeout(BOUND):  # the connector has started the call
             while not log.exists():
                 await asyncio.sleep(0.02)
