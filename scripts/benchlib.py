@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from sidecar.service import DAEMON_PYTHON_FLAGS
+
 START_TIMEOUT = 60.0
 """Seconds a server gets to start before the benchmark gives up."""
 STOP_TIMEOUT = 15.0
@@ -49,7 +51,8 @@ def stop(proc: subprocess.Popen[bytes], name: str, *, group: bool = False) -> No
 def sidecar_daemon(
     workdir: Path, home: Path, *, python_args: Sequence[str] = ()
 ) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
-    """``python [python_args] -m sidecar serve --port 0`` with ``SIDECAR_HOME=home``; yields (process, runtime).
+    """``python -OO [python_args] -m sidecar serve --port 0`` (as scripts/run runs it) with ``SIDECAR_HOME=home``;
+    yields (process, runtime).
 
     The daemon's stderr goes to ``<workdir>/sidecar.stderr``; it is stopped (bounded) on exit.
     """
@@ -60,7 +63,7 @@ def sidecar_daemon(
     paths = Paths.resolve(env)
     errlog = (workdir / "sidecar.stderr").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, *python_args, "-m", "sidecar", "serve", "--port", "0"],
+        [sys.executable, *DAEMON_PYTHON_FLAGS, *python_args, "-m", "sidecar", "serve", "--port", "0"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -26,14 +26,21 @@ from sidecar.errors import ConfigError
 from sidecar.store.files import ensure_private_dir, remove_quietly, write_atomic
 
 __all__ = [
+    "DAEMON_PYTHON_FLAGS",
     "LAUNCHD_LABEL",
     "SYSTEMD_UNIT",
     "ServiceResult",
     "install",
     "render_launchd_plist",
     "render_systemd_unit",
+    "serve_argv",
     "uninstall",
 ]
+
+DAEMON_PYTHON_FLAGS: Final = ("-OO",)
+"""How the daemon's interpreter runs (scripts/run, the service units, the tests' and benchmarks' daemons).
+``-OO`` drops docstrings (and asserts), which the daemon never reads at run time: about 3 MB less idle
+RSS, most of it the MCP SDK's and its protocol types'. Connector processes do not inherit it."""
 
 SYSTEMD_UNIT: Final = "sidecar.service"
 LAUNCHD_LABEL: Final = "dev.sidecar.daemon"
@@ -201,6 +208,11 @@ def _target(platform: str, home: Path) -> Path:
     )
 
 
+def serve_argv(python: str = sys.executable) -> list[str]:
+    """The command that runs the daemon: ``python -OO -m sidecar serve``."""
+    return [python, *DAEMON_PYTHON_FLAGS, "-m", "sidecar", "serve"]
+
+
 def _default_env() -> dict[str, str]:
     home = os.environ.get("SIDECAR_HOME")
     return {"SIDECAR_HOME": str(Path(home).expanduser().absolute())} if home else {}
@@ -216,12 +228,12 @@ def install(
 ) -> ServiceResult:
     """Write the unit for this platform and start it (best-effort); reinstalling replaces and restarts.
 
-    ``exec_argv`` defaults to ``[sys.executable, "-m", "sidecar", "serve"]``; ``env`` to ``SIDECAR_HOME``
+    ``exec_argv`` defaults to ``serve_argv()``; ``env`` to ``SIDECAR_HOME``
     when it is set. Raises ``ConfigError`` on an unsupported platform or a bad command/environment.
     """
     home = Path.home() if home is None else home
     path = _target(platform, home)
-    exec_argv = [sys.executable, "-m", "sidecar", "serve"] if exec_argv is None else exec_argv
+    exec_argv = serve_argv() if exec_argv is None else exec_argv
     env = _default_env() if env is None else env
     run = _run_subprocess if run is None else run
     replacing = path.exists()

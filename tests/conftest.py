@@ -29,6 +29,7 @@ from sidecar.bus.registry import ToolRegistry
 from sidecar.config import Settings
 from sidecar.daemon import serve
 from sidecar.paths import Paths
+from sidecar.service import serve_argv
 from sidecar.store.runtime import read_runtime
 
 START_TIMEOUT = 20.0
@@ -224,7 +225,7 @@ def sidecar_env(home: Path) -> dict[str, str]:
 
 
 def start_daemon_process(home: Path, *extra: str) -> DaemonProcess:
-    """``python -m sidecar serve --port 0`` as a real subprocess; returns once runtime.json exists.
+    """``python -OO -m sidecar serve --port 0`` (``serve_argv``) as a real subprocess; returns once runtime.json exists.
 
     The daemon's log goes to ``<home>/daemon.log`` (a file, not a pipe nobody drains: a chatty daemon
     would block on a full pipe).
@@ -235,7 +236,7 @@ def start_daemon_process(home: Path, *extra: str) -> DaemonProcess:
     log = home / "daemon.log"
     with log.open("ab") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "serve", "--port", "0", *extra],
+            [*serve_argv(), "--port", "0", *extra],  # as scripts/run and the service units run it
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=sink,

@@ -195,7 +195,7 @@ def test_install_defaults_to_this_python_and_sidecar_home(tmp_path: Path, monkey
     result = install(platform="linux", home=tmp_path, run=Recorder())
 
     assert result.path.read_text() == render_systemd_unit(
-        exec_argv=[sys.executable, "-m", "sidecar", "serve"], env={"SIDECAR_HOME": str(tmp_path / "sc")}
+        exec_argv=[sys.executable, "-OO", "-m", "sidecar", "serve"], env={"SIDECAR_HOME": str(tmp_path / "sc")}
     )
 
 
@@ -313,3 +313,11 @@ def test_an_unsupported_platform_is_a_config_error(tmp_path: Path, platform: str
     with pytest.raises(ConfigError, match=platform):
         uninstall(platform=platform, home=tmp_path, run=Recorder())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_way_of_running_the_daemon_uses_the_same_interpreter_flags() -> None:
+    from sidecar.service import DAEMON_PYTHON_FLAGS, serve_argv
+
+    assert serve_argv("/py") == ["/py", *DAEMON_PYTHON_FLAGS, "-m", "sidecar", "serve"]
+    run = (Path(__file__).resolve().parents[2] / "scripts" / "run").read_text()
+    assert f'"$VENV/bin/python" {" ".join(DAEMON_PYTHON_FLAGS)} -m sidecar serve' in run
