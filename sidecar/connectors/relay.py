@@ -315,7 +315,7 @@ def _channels(ctx: ServerRequestContext[Any, Any]) -> tuple[Sink, Connection]:
     """The exchange's raw request-scoped channel and the MCP connection behind ``ctx.session``.
 
     The SDK keeps both inside ``ServerSession`` without a public accessor yet (its context rework is
-    marked provisional); a relay needs them raw. ``tests/unit/test_relay.py`` pins this seam.
+    marked provisional); a relay needs them raw. ``tests/unit/test_relay_sdk_seam.py`` pins this seam.
     """
     session = ctx.session
     return session._request_outbound, session._connection
