@@ -97,11 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     # uvicorn binds the socket itself, exactly as ``uvicorn.run(app, host=..., port=...)`` would (a socket
     # handed in from outside would need proto=IPPROTO_TCP, or asyncio skips TCP_NODELAY: +40 ms a call).
     app = build_server().streamable_http_app(host="127.0.0.1")
-    # loop="asyncio": as the SDK ships (mcp depends on plain uvicorn, without uvloop). sidecar's own
-    # dependency on uvloop would otherwise switch the reference over too ("auto" picks it when present).
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, loop="asyncio"
-    )
+    config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
 
     async def run() -> None:

@@ -24,7 +24,6 @@ import time
 from collections.abc import Iterator
 from typing import IO
 
-import uvloop
 from aiohttp import web
 
 from sidecar import __version__
@@ -39,7 +38,7 @@ from sidecar.paths import Paths
 from sidecar.store.files import ensure_private_dir, remove_quietly, write_json
 from sidecar.store.runtime import read_runtime
 
-__all__ = ["new_event_loop", "serve"]
+__all__ = ["serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,16 +81,6 @@ def _listening_port(runner: web.AppRunner) -> int:
             if sock.family == socket.AF_INET:
                 return int(sock.getsockname()[1])
     raise RuntimeError(f"no listening socket on {server}")
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """The daemon's event loop: uvloop (libuv), for ``asyncio.Runner(loop_factory=...)``.
-
-    The MCP SDK serves every request with a handful of anyio tasks, cancel scopes, events and memory
-    streams; scheduling them is a large share of the daemon's CPU per call, and uvloop does it for
-    less. The tests run their in-process daemons on the same loop (tests/conftest.py).
-    """
-    return uvloop.new_event_loop()
 
 
 async def serve(

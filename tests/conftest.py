@@ -27,18 +27,13 @@ from mcp.client.streamable_http import streamable_http_client
 
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import Settings
-from sidecar.daemon import new_event_loop, serve
+from sidecar.daemon import serve
 from sidecar.paths import Paths
 from sidecar.service import serve_argv
 from sidecar.store.runtime import read_runtime
 
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
-
-
-def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Any]:
-    """Every async test runs on the daemon's own event loop (uvloop), so in-process daemons run as in production."""
-    return {"uvloop": new_event_loop}
 
 
 @pytest.fixture(autouse=True)

@@ -42,7 +42,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
     import asyncio
 
     from sidecar.config import check_bind_host, load_settings
-    from sidecar.daemon import new_event_loop, serve
+    from sidecar.daemon import serve
 
     check_bind_host(args.host)
     settings = load_settings(paths.settings_file, overrides={"port": args.port})
@@ -50,8 +50,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(serve(settings, paths))
+    return asyncio.run(serve(settings, paths))
 
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
