@@ -28,6 +28,12 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.connection import Connection
 from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PARAM_HEADER_PREFIX,
+    MCP_PROTOCOL_VERSION_HEADER,
+)
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, RequestId
 
@@ -51,6 +57,8 @@ _STATE_KEY: Final = "sidecar.relay"
 _UNGATED: Final = frozenset({"ping", "logging/setLevel", "server/discover", "tools/list"})
 """Requests any live session on the route may send: they reach no resource or prompt, and tools are
 filtered (``tools/list``) or decided (``tools/call``) one by one, as a grant may name single tools."""
+_ROUTING_HEADERS: Final = frozenset({MCP_PROTOCOL_VERSION_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER})
+_PARAM_PREFIX: Final = MCP_PARAM_HEADER_PREFIX.lower()  # header names arrive lower-cased (ASGI)
 _NOT_RELAYED: Final = frozenset({"notifications/cancelled", "notifications/progress"})
 """Client notifications the dispatchers already turned into the connector's own ids."""
 
@@ -230,7 +238,7 @@ class Relay:
         channel: Sink,
     ) -> dict[str, Any]:
         method, params = ctx.method, ctx.params
-        opts = _progress_opts(ctx)
+        opts = _call_options(ctx)
         if method == "tools/call":
             return await self._call_tool(ctx, session, connector, upstream, channel, opts)
         if method not in _UNGATED and not _grants_connector(session, connector.id):
@@ -325,18 +333,38 @@ def _connection_state(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
     return _channels(ctx)[1].state
 
 
-def _progress_opts(ctx: ServerRequestContext[Any, Any]) -> CallOptions:
-    """Relay the connector's progress when the client asked for it, under the client's own token."""
+def _call_options(ctx: ServerRequestContext[Any, Any]) -> CallOptions:
+    """How one request goes on: its routing headers (2026-07-28) and, if asked for, its progress."""
+    opts: CallOptions = {}
+    headers = _routing_headers(ctx)
+    if headers:
+        opts["headers"] = headers
     meta = (ctx.params or {}).get("_meta")
-    if not isinstance(meta, Mapping) or meta.get("progressToken") is None:
+    if isinstance(meta, Mapping) and meta.get("progressToken") is not None:
+        request_outbound: Any = _channels(ctx)[0]
+
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            await request_outbound.progress(progress, total, message)  # under the client's own token
+
+        opts["on_progress"] = progress
+    return opts
+
+
+def _routing_headers(ctx: ServerRequestContext[Any, Any]) -> dict[str, str]:
+    """A 2026-07-28 request's MCP headers, for an HTTP connector (stdio ignores them).
+
+    At 2026-07-28 the server routes on ``MCP-Protocol-Version``, ``Mcp-Method``, ``Mcp-Name`` and
+    ``Mcp-Param-*`` (the SDK checked them against the body before we saw it); without them an HTTP
+    connector would take the request for a 2025-era one.
+    """
+    request = ctx.request
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS or request is None:
         return {}
-    channel = _channels(ctx)[0]
-    request_outbound: Any = channel
-
-    async def progress(progress: float, total: float | None, message: str | None) -> None:
-        await request_outbound.progress(progress, total, message)
-
-    return {"on_progress": progress}
+    return {
+        name: value
+        for name, value in request.headers.items()
+        if name in _ROUTING_HEADERS or name.startswith(_PARAM_PREFIX)
+    }
 
 
 def _preview(raw: Mapping[str, Any]) -> str:

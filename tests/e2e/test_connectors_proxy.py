@@ -201,6 +201,13 @@ async def test_a_streamable_http_server_is_connected_to_not_spawned(daemon: Daem
         async with mcp_client(session) as client:
             result = await client.call_tool("mcp__remote__calculate", {"expression": "6*7"})
         assert not result.is_error and _text(result) == "42"
+        # Its own route relays it in both eras (the upstream is an HTTP client, not a process).
+        routed = await daemon.new_session(mode="bypass", connector="remote")
+        for mode in ("legacy", "2026-07-28"):
+            async with mcp_client(routed, mode=mode) as client:
+                assert [t.name for t in (await client.list_tools()).tools] == ["calculate"]
+                result = await client.call_tool("calculate", {"expression": "6*7"})
+            assert not result.is_error and _text(result) == "42", (mode, result)
         assert _children() == before  # nothing was spawned for it
     finally:
         server.terminate()
