@@ -91,7 +91,12 @@ class Relay:
     # -- facts and teardown ----------------------------------------------------------------------
 
     def running(self, connector_id: str | None = None) -> int:
-        return sum(1 for _, cid in self._open.values() if connector_id is None or cid == connector_id)
+        """Live connections (a dead one stays registered until its MCP session ends, but runs nothing)."""
+        return sum(
+            1
+            for upstream, (_, cid) in self._open.items()
+            if upstream.alive and (connector_id is None or cid == connector_id)
+        )
 
     def pids(self) -> list[int]:
         return [pid for upstream in self._open if (pid := upstream.pid) is not None]

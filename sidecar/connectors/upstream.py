@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp.shared.transport_context import TransportContext
-from mcp_types import INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestId
+from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestId
 
 from sidecar.connectors.pool import CALL_TIMEOUT, LaunchPlan
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
@@ -71,6 +71,7 @@ class Upstream:
         self._requests: dict[str, tuple[Sink, RequestId]] = {}
         """Our id for a request in flight → the client exchange that sent it, and the client's own id."""
         self.standalone: Sink | None = None
+        self._lost = False
         self.last_used = time.monotonic()
 
     @property
@@ -79,7 +80,9 @@ class Upstream:
 
     @property
     def alive(self) -> bool:
-        return self._holder is not None and not self._holder.done() and self._dispatcher is not None
+        if self._lost or self._holder is None or self._holder.done() or self._dispatcher is None:
+            return False
+        return self._process is None or not self._process.exited.is_set()
 
     async def start(self, start_timeout: float) -> None:
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -124,6 +127,12 @@ class Upstream:
             return await asyncio.wait_for(dispatcher.send_raw_request(method, params, options), CALL_TIMEOUT)
         except TimeoutError:
             raise MCPError(code=REQUEST_TIMEOUT, message=f"{method} took longer than {CALL_TIMEOUT:.0f}s") from None
+        except MCPError as exc:
+            if exc.error.code != CONNECTION_CLOSED:
+                raise  # the connector's own error, as it sent it
+            self._lost = True  # the connection is gone for good, even before the process is reaped
+            reason = (self._process.exit_reason if self._process is not None else None) or "connection closed"
+            raise MCPError(code=INTERNAL_ERROR, message=f"connector {self.name} stopped ({reason})") from None
         finally:
             self._requests.pop(ours, None)
 

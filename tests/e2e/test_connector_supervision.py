@@ -113,3 +113,21 @@ async def test_a_connector_that_forks_into_the_background_leaves_nothing_behind(
     async with asyncio.timeout(BOUND):
         while _sleepers(started) or any(psutil.pid_exists(p) for p in pids.values()):
             await asyncio.sleep(0.1)
+
+
+async def test_a_relayed_connector_that_dies_mid_call_fails_that_mcp_session_only(strict: Daemon) -> None:
+    _configure(strict, {"echo": _fixture("echo_server.py")})
+    assert (await strict.control("POST", "/control/connectors/echo/trust"))["state"] == "trusted"
+    session = await strict.new_session(mode="bypass", connector="echo")
+    async with mcp_client(session) as client:
+        with pytest.raises(Exception) as died:
+            await client.call_tool("crash", {})
+        assert "connector echo stopped" in str(died.value), died.value
+        with pytest.raises(Exception, match="not running for this MCP session; start a new session"):
+            await client.call_tool("echo", {"text": "again"})
+        async with asyncio.timeout(BOUND):  # its process is gone
+            while (await strict.control("GET", "/control/connectors/echo"))["running"]:
+                await asyncio.sleep(0.05)
+    async with mcp_client(session) as fresh:  # a new MCP session on the same route gets a new process
+        assert _text(await fresh.call_tool("echo", {"text": "back"})) == "back"
+    await _echo_still_works(strict)
