@@ -131,3 +131,15 @@ async def test_a_relayed_connector_that_dies_mid_call_fails_that_mcp_session_onl
     async with mcp_client(session) as fresh:  # a new MCP session on the same route gets a new process
         assert _text(await fresh.call_tool("echo", {"text": "back"})) == "back"
     await _echo_still_works(strict)
+
+
+async def test_a_relayed_2026_connection_that_dies_is_reopened_on_the_next_request(strict: Daemon) -> None:
+    _configure(strict, {"echo": _fixture("echo_server.py")})
+    assert (await strict.control("POST", "/control/connectors/echo/trust"))["state"] == "trusted"
+    session = await strict.new_session(mode="bypass", connector="echo")
+    async with mcp_client(session, mode="2026-07-28") as client:
+        with pytest.raises(Exception, match="connector echo stopped"):
+            await client.call_tool("crash", {})
+        # 2026-07-28 requests are self-contained: the next one simply gets a new shared process.
+        assert _text(await client.call_tool("echo", {"text": "back"})) == "back"
+        assert (await strict.control("GET", "/control/connectors/echo"))["running"] == 1
