@@ -98,11 +98,10 @@ class Relay:
             if upstream.alive and (connector_id is None or cid == connector_id)
         )
 
-    def pids(self) -> list[int]:
-        return [pid for upstream in self._open if (pid := upstream.pid) is not None]
-
     async def close_session(self, session_id: str) -> None:
         await self._close_where(lambda key: key[0] == session_id)
+        for key in [key for key in self._starting if key[0] == session_id]:
+            del self._starting[key]
 
     async def close_connector(self, connector_id: str) -> None:
         await self._close_where(lambda key: key[1] == connector_id)

@@ -75,10 +75,6 @@ class Upstream:
         self.last_used = time.monotonic()
 
     @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
     def alive(self) -> bool:
         if self._lost or self._holder is None or self._holder.done() or self._dispatcher is None:
             return False
