@@ -192,26 +192,15 @@ class Workspace:
                 return os.path.relpath(norm, base)
         return None
 
-    def open_dir(self, parts: list[str]) -> int:
-        """A descriptor of the directory ``parts`` below the root, opened without following any link."""
+    def open_dir(self, parts: list[str], *, create: bool = False) -> int:
+        """A descriptor of the directory ``parts`` below the root, opened without following any link;
+        with ``create``, missing directories are made on the way."""
         fd = os.open(self.root, _DIR_FLAGS)
         try:
             for part in parts:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = child
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-
-    def _make_dirs(self, parts: list[str]) -> int:
-        """Like ``open_dir``, creating missing directories on the way."""
-        fd = os.open(self.root, _DIR_FLAGS)
-        try:
-            for part in parts:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o777, dir_fd=fd)
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=fd)
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = child
@@ -223,7 +212,7 @@ class Workspace:
     @contextlib.contextmanager
     def _parent(self, parts: list[str], path: str, *, create: bool = False) -> Iterator[int]:
         try:
-            fd = self._make_dirs(parts[:-1]) if create else self.open_dir(parts[:-1])
+            fd = self.open_dir(parts[:-1], create=create)
         except FileNotFoundError:
             hint = "" if create else " (pass create_dirs=true to create it)"
             raise ToolError(f"{_shown(path)}: parent directory does not exist{hint}") from None

@@ -22,9 +22,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import httpx2
 from mcp import ClientSession
@@ -34,7 +34,7 @@ from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
 
-__all__ = ["ConnectorPool", "LaunchContext", "PoolLimits", "launch_plan", "scrubbed_environment"]
+__all__ = ["ConnectorPool", "LaunchContext", "PoolLimits", "http_transport", "launch_plan", "scrubbed_environment"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +136,18 @@ def launch_plan(spec: ConnectorSpec, context: LaunchContext, *, environ: Mapping
 
 class _StartTimeout(Exception):
     """The connector did not answer ``initialize`` in time."""
+
+
+@contextlib.asynccontextmanager
+async def http_transport(plan: LaunchPlan) -> AsyncIterator[Any]:
+    """A Streamable HTTP connector's (read, write) streams: its declared headers, sidecar's timeouts."""
+    if plan.url is None:
+        raise ValueError("http_transport needs a plan with a url")
+    async with (
+        httpx2.AsyncClient(headers=dict(plan.headers), timeout=httpx2.Timeout(CALL_TIMEOUT, connect=10.0)) as http,
+        streamable_http_client(plan.url, http_client=http) as streams,
+    ):
+        yield streams
 
 
 def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
@@ -309,15 +321,8 @@ class ConnectorPool:
         ready: asyncio.Future[ClientSession],
     ) -> None:
         """A Streamable HTTP connector: one MCP session per sidecar session, no process to supervise."""
-        assert plan.url is not None
         try:
-            async with (
-                httpx2.AsyncClient(
-                    headers=dict(plan.headers), timeout=httpx2.Timeout(CALL_TIMEOUT, connect=10.0)
-                ) as http,
-                streamable_http_client(plan.url, http_client=http) as (read, write),
-                ClientSession(read, write) as session,
-            ):
+            async with http_transport(plan) as (read, write), ClientSession(read, write) as session:
                 await asyncio.wait_for(session.initialize(), self._limits.start_timeout)
                 slot.client = session
                 ready.set_result(session)

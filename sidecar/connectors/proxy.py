@@ -33,13 +33,21 @@ from sidecar.errors import StorageError, ToolError
 from sidecar.store.files import read_json, write_json
 from sidecar.store.trust import TrustStore, tool_fingerprint
 
-__all__ = ["ConnectorTools", "proxied_name"]
+__all__ = ["ConnectorTools", "proxied_name", "withheld_message"]
 
 logger = logging.getLogger(__name__)
 
 MAX_NAME: Final = 64
 """Whole tool name limit: what downstream LLM APIs accept (notes/users.md §3.17)."""
 PROBE_SESSION: Final = "probe"
+
+
+def withheld_message(connector: Connector, tool: str) -> str:
+    """What a call to a tool that changed since trust (rug-pull check) is told, on every route."""
+    return (
+        f"{tool} changed since {connector.id} was trusted ({connector.tool_drift[tool]}); it is withheld "
+        f"until the user reviews it and runs: sidecar connectors trust {connector.id}"
+    )
 
 
 def proxied_name(connector_id: str, tool: str) -> str:
@@ -203,10 +211,7 @@ class ConnectorTools:
             if client not in self._checked:
                 await self._check_drift(connector, client)
             if tool in connector.tool_drift:
-                raise ToolError(
-                    f"{tool} changed since {connector_id} was trusted ({connector.tool_drift[tool]}); it is withheld "
-                    f"until the user reviews it and runs: sidecar connectors trust {connector_id}"
-                )
+                raise ToolError(withheld_message(connector, tool))
 
             async def relay(progress: float, total: float | None, message: str | None) -> None:
                 if context.progress is not None:

@@ -44,7 +44,7 @@ from sidecar.bus.registry import CallContext, ToolOutput
 from sidecar.bus.tools import ToolService
 from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.pool import LaunchContext, launch_plan
-from sidecar.connectors.proxy import ConnectorTools, proxied_name
+from sidecar.connectors.proxy import ConnectorTools, proxied_name, withheld_message
 from sidecar.connectors.upstream import Sink, Upstream
 from sidecar.errors import SidecarError, ToolError
 
@@ -255,12 +255,11 @@ class Relay:
     def _visible_tools(self, session: Session, connector: Connector, result: dict[str, Any]) -> dict[str, Any]:
         listed = [tool for tool in result.get("tools") or [] if isinstance(tool, Mapping)]
         self._connector_tools.record_drift(connector, listed)
-        allowed = {tool.name for tool in self._tools.visible(session)}
         kept = [
             tool
             for tool in listed
-            if proxied_name(connector.id, str(tool.get("name"))) in allowed
-            and tool.get("name") not in connector.tool_drift
+            if tool.get("name") not in connector.tool_drift
+            and self._tools.lookup(session, proxied_name(connector.id, str(tool.get("name")))) is not None
         ]
         return {**result, "tools": kept}
 
@@ -278,10 +277,7 @@ class Relay:
         if not isinstance(name, str):
             raise MCPError(code=INVALID_PARAMS, message="tools/call needs a tool name")
         if name in connector.tool_drift:
-            return _error_result(
-                f"{name} changed since {connector.id} was trusted; it is withheld until the user runs: "
-                f"sidecar connectors trust {connector.id}"
-            )
+            return _error_result(withheld_message(connector, name))
         failure: list[MCPError] = []
 
         async def execute(arguments: dict[str, Any], context: CallContext) -> ToolOutput:

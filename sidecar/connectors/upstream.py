@@ -24,8 +24,6 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final, Protocol
 
 import anyio
-import httpx2
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import CallOptions, DispatchContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
@@ -33,7 +31,7 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp.shared.transport_context import TransportContext
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestId
 
-from sidecar.connectors.pool import CALL_TIMEOUT, LaunchPlan
+from sidecar.connectors.pool import CALL_TIMEOUT, LaunchPlan, http_transport
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
 
@@ -210,12 +208,7 @@ class Upstream:
     async def _transport(self) -> AsyncIterator[Any]:
         plan = self._plan
         if plan.url is not None:
-            async with (
-                httpx2.AsyncClient(
-                    headers=dict(plan.headers), timeout=httpx2.Timeout(CALL_TIMEOUT, connect=10.0)
-                ) as http,
-                streamable_http_client(plan.url, http_client=http) as streams,
-            ):
+            async with http_transport(plan) as streams:
                 yield streams
             return
         process = ConnectorProcess(plan.argv, env=plan.env, cwd=plan.cwd, limits=self._limits, name=self.name)
