@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import stat
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -424,3 +426,39 @@ def test_a_damaged_head_is_reported_and_replaced_on_reopen(log_path: Path) -> No
     assert records[2]["event"] == "audit.recovered"
     assert records[2]["reason"].startswith("head unreadable")
     assert verify(log_path).problems == [f"line 3: log was damaged while closed: {records[2]['reason']}"]
+
+
+_field_names = st.sampled_from(["a", "has", "hasg", "hasha", "hash_", "hat", "Hash", "zz", "é", "ü", "ß"]) | st.text(
+    min_size=1, max_size=6
+).filter(lambda k: k not in RESERVED_KEYS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(fields=st.dictionaries(_field_names, _json, max_size=6))
+def test_each_line_is_the_canonical_json_of_its_record_and_hashes_to_it(
+    tmp_path_factory: pytest.TempPathFactory, fields: dict[str, object]
+) -> None:
+    path = tmp_path_factory.mktemp("canon") / "audit.jsonl"
+    with AuditLog(path) as log:
+        record = log.append("tool.call", **fields)
+    line = path.read_bytes().removesuffix(b"\n")
+
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    assert line == canonical.encode("ascii")
+    unhashed = {k: v for k, v in record.items() if k != "hash"}
+    digest = hashlib.sha256(
+        json.dumps(unhashed, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    ).hexdigest()
+    assert record["hash"] == digest
+    assert verify(path).ok
+
+
+def test_timestamps_are_utc_wall_clock_to_the_millisecond(log_path: Path) -> None:
+    before = datetime.now(UTC)
+    with AuditLog(log_path) as log:
+        stamp = str(log.append("x")["ts"])
+    after = datetime.now(UTC)
+
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp)
+    written = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    assert before.replace(microsecond=before.microsecond // 1000 * 1000) <= written <= after
