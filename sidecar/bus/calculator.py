@@ -70,10 +70,8 @@ def evaluate(expression: str) -> Number:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as exc:
         raise CalcError(f"not an arithmetic expression: {exc.msg}") from None
-    if sum(1 for _ in ast.walk(tree)) > MAX_NODES:
-        raise CalcError(f"expression has more than {MAX_NODES} parts")
     try:
-        return _eval(tree.body)
+        return _eval(tree.body, [MAX_NODES])
     except ZeroDivisionError:
         raise CalcError("division by zero") from None
     except OverflowError:
@@ -84,13 +82,18 @@ def evaluate(expression: str) -> Number:
         raise CalcError(f"math error: {exc}") from None
 
 
-def _eval(node: ast.expr) -> Number:
+def _eval(node: ast.expr, budget: list[int]) -> Number:
+    # Counted as it is walked (a walk of its own first cost as much as the parse): each node visited
+    # takes one from the budget, so a huge expression is refused before much of it is computed.
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise CalcError(f"expression has more than {MAX_NODES} parts")
     if isinstance(node, ast.Constant):
         if isinstance(node.value, bool) or not isinstance(node.value, int | float):
             raise CalcError(f"only numbers are allowed, not {type(node.value).__name__}")
         return _bounded(node.value)
     if isinstance(node, ast.BinOp):
-        left, right = _eval(node.left), _eval(node.right)
+        left, right = _eval(node.left, budget), _eval(node.right, budget)
         if isinstance(node.op, ast.Pow):
             return _power(left, right)
         binary = _BINARY.get(type(node.op))
@@ -101,22 +104,22 @@ def _eval(node: ast.expr) -> Number:
         unary = _UNARY.get(type(node.op))
         if unary is None:
             raise CalcError(f"operator {type(node.op).__name__} is not allowed")
-        return unary(_eval(node.operand))
+        return unary(_eval(node.operand, budget))
     if isinstance(node, ast.Name):
         if node.id in _CONSTANTS:
             return _CONSTANTS[node.id]
         raise CalcError(f"unknown name {node.id!r}")
     if isinstance(node, ast.Call):
-        return _call(node)
+        return _call(node, budget)
     raise CalcError(f"{type(node).__name__} is not allowed in an expression")
 
 
-def _call(node: ast.Call) -> Number:
+def _call(node: ast.Call, budget: list[int]) -> Number:
     if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCTIONS:
         raise CalcError("only these functions are allowed: " + ", ".join(sorted(_FUNCTIONS)))
     if node.keywords:
         raise CalcError("keyword arguments are not allowed")
-    args = [_eval(arg) for arg in node.args]
+    args = [_eval(arg, budget) for arg in node.args]
     if node.func.id == "factorial" and (len(args) != 1 or not isinstance(args[0], int) or args[0] > 500):
         raise CalcError("factorial takes one integer up to 500")
     value: Number = _FUNCTIONS[node.func.id](*args)

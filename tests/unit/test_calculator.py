@@ -24,6 +24,7 @@ from sidecar.bus.calculator import CalcError, evaluate
         ("factorial(5)", 120),
         ("2 ** -1", 0.5),
         ("pi", math.pi),
+        ("+".join(["1"] * 100), 100),  # 199 parts: within the limit of 200
     ],
 )
 def test_evaluates_arithmetic(expression: str, value: float) -> None:
@@ -51,6 +52,8 @@ def test_evaluates_arithmetic(expression: str, value: float) -> None:
         ("1 +", "not an arithmetic expression"),
         ("1" * 1001, "longer than"),
         ("+".join(["1"] * 150), "more than"),
+        ("+".join(["1"] * 101), "more than 200 parts"),
+        ("max(" + ",".join(["1"] * 300) + ")", "more than"),
         ("abs(x=1)", "keyword"),
         ("1 << 100", "LShift"),
     ],
