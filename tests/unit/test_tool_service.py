@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sidecar.auth.inflight import InflightTracker
-from sidecar.auth.sessions import Session, SessionStore
+from sidecar.auth.sessions import Session, SessionStore, session_key
 from sidecar.bus.approvals import ApprovalState, ApprovalStore, arguments_digest
+from sidecar.bus.builtins import install_builtins
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.bus.tools import MAX_RESULT_CHARS, ToolService
 from sidecar.errors import Conflict
@@ -136,3 +139,112 @@ def test_remembering_is_per_session_and_group() -> None:
 def test_argument_digest_ignores_key_order() -> None:
     assert arguments_digest({"a": 1, "b": 2}) == arguments_digest({"b": 2, "a": 1})
     assert arguments_digest({"a": 1}) != arguments_digest({"a": "1"})
+
+
+# -- revocation: the call is aborted in the task it runs in, and that task carries on --------------------
+
+
+ROUTE = ("route", "test")
+
+
+class Gate:
+    """A tool body that waits until released, and records whether the cancellation reached it."""
+
+    def __init__(self, *, swallow: bool = False) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = False
+        self.swallow = swallow
+
+    async def handler(self, arguments: dict[str, Any], call: CallContext) -> ToolOutput:
+        self.entered.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            if not self.swallow:
+                raise
+        return ToolOutput(text="finished")
+
+
+def _gated(gate: Gate, tmp_path: Path) -> ToolRegistry:
+    registry = ToolRegistry()
+    registry.add(name="wait", description="d", risk=Risk.LOW, handler=gate.handler)
+    install_builtins(registry, notes_dir=tmp_path / "notes")
+    return registry
+
+
+async def _call_then(service: ToolService, session: Session, name: str, arguments: dict[str, Any]) -> tuple[Any, int]:
+    """Run one call; then show the task is usable: it awaits again and has no cancellation pending."""
+    outcome = await service.call(session, name, arguments, via="test", abort_keys=[ROUTE])
+    await asyncio.sleep(0)
+    task = asyncio.current_task()
+    assert task is not None
+    return outcome, task.cancelling()
+
+
+@pytest.mark.parametrize("swallow", [False, True], ids=["tool-ends", "tool-swallows-the-cancel"])
+async def test_a_revoked_call_is_aborted_and_its_task_carries_on(tmp_path: Path, swallow: bool) -> None:
+    gate = Gate(swallow=swallow)
+    service, session = _service(tmp_path, _gated(gate, tmp_path))
+    call = asyncio.create_task(_call_then(service, session, "wait", {}))
+    await asyncio.wait_for(gate.entered.wait(), 10)
+
+    # The call is registered under its session and its route: revoking both is one abort.
+    assert service._inflight.abort(session_key(session.id)) == 1
+    assert service._inflight.abort(ROUTE) == 1
+    outcome, cancelling = await asyncio.wait_for(call, 10)
+
+    assert gate.cancelled
+    assert (outcome.status, outcome.text) == ("aborted", "call aborted: the session or route was revoked")
+    assert cancelling == 0
+    assert not call.cancelled()
+
+
+async def test_a_revoked_call_inside_tool_call_aborts_the_outer_call_and_the_task_carries_on(tmp_path: Path) -> None:
+    gate = Gate()
+    service, session = _service(tmp_path, _gated(gate, tmp_path))
+    call = asyncio.create_task(_call_then(service, session, "tool_call", {"name": "wait"}))
+    await asyncio.wait_for(gate.entered.wait(), 10)
+
+    assert service._inflight.abort(session_key(session.id)) == 2  # the outer and the inner call
+    outcome, cancelling = await asyncio.wait_for(call, 10)
+
+    assert (outcome.tool, outcome.status) == ("tool_call", "aborted")
+    assert cancelling == 0
+    outcomes = [r["outcome"] for r in _audit_records(tmp_path) if r["event"] == "tool.call"]
+    assert outcomes == ["aborted", "aborted"]
+
+
+@pytest.mark.parametrize("also_revoked", [False, True], ids=["caller-only", "caller-and-revocation"])
+async def test_a_cancelled_caller_stays_cancelled_and_the_call_is_audited(tmp_path: Path, also_revoked: bool) -> None:
+    gate = Gate()
+    service, session = _service(tmp_path, _gated(gate, tmp_path))
+    call = asyncio.create_task(service.call(session, "wait", {}, via="test"))
+    await asyncio.wait_for(gate.entered.wait(), 10)
+
+    call.cancel()
+    if also_revoked:
+        service._inflight.abort(session_key(session.id))
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(call, 10)
+
+    assert call.cancelled()
+    assert [r["outcome"] for r in _audit_records(tmp_path) if r["event"] == "tool.call"] == ["aborted"]
+    assert service._inflight.count(session_key(session.id)) == 0
+
+
+async def test_an_unrevoked_call_leaves_its_task_untouched(tmp_path: Path) -> None:
+    gate = Gate()
+    gate.release.set()
+    service, session = _service(tmp_path, _gated(gate, tmp_path))
+
+    outcome, cancelling = await _call_then(service, session, "wait", {})
+
+    assert (outcome.status, outcome.text, cancelling) == ("ok", "finished", 0)
+    assert service._inflight.count(session_key(session.id)) == 0
+
+
+def _audit_records(tmp_path: Path) -> list[dict[str, Any]]:
+    lines = (tmp_path / "state" / "audit.jsonl").read_bytes().splitlines()
+    return [json.loads(line) for line in lines]
