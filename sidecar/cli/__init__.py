@@ -50,7 +50,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return asyncio.run(serve(settings, paths))
+    return asyncio.run(serve(settings, paths, dedicated=True))
 
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
