@@ -590,7 +590,13 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             "reference": Target("reference", f"http://127.0.0.1:{ref_port}/mcp", {}, ref_proc),
         }
         log(f"sidecar pid {sc_proc.pid} at {session['url']}; reference pid {ref_proc.pid} on port {ref_port}")
-        metrics, memory = await run_benchmark(plan, targets)
+        try:
+            metrics, memory = await run_benchmark(plan, targets)
+        finally:
+            for name, target in targets.items():
+                if target.proc.poll() is not None:
+                    log(f"{name} died during the benchmark (exit {target.proc.returncode}):")
+                    log(tail(workdir / f"{name}.stderr"))
         for name, target in targets.items():
             if target.proc.poll() is not None:
                 raise RuntimeError(f"{name} died during the benchmark (exit {target.proc.returncode})")
