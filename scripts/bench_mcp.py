@@ -264,7 +264,9 @@ class RawCaller:
 
 @contextlib.asynccontextmanager
 async def raw_http() -> AsyncIterator[aiohttp.ClientSession]:
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
+    # Below uvicorn's 5 s keep-alive: a pooled connection the reference already closed would otherwise be
+    # reused after a pause between phases and fail with "Server disconnected".
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=3)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as http:
         yield http
 
