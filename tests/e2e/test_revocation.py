@@ -165,3 +165,28 @@ async def test_ending_a_session_aborts_its_calls_and_streams_and_kills_its_envel
         headers, body = _modern_call("calculate", bystander["headers"])
         async with http.post(slow_daemon.mcp_url, data=body, headers=headers) as r:
             assert r.status == 200  # another session on the same route is untouched
+
+
+async def test_ending_a_session_aborts_its_rest_invocation_which_answers_aborted(
+    slow_daemon: Daemon, slow: SlowTool
+) -> None:
+    # REST runs the tool in aiohttp's own request task: revocation must end the tool and still let
+    # that task answer, and the server must carry on serving.
+    session = await slow_daemon.new_session()
+    url = slow_daemon.url + "/api/v1/mcp/tools/wait_forever/invoke"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        invoke = asyncio.create_task(http.post(url, json={"arguments": {}}, headers=session["headers"]))
+        async with asyncio.timeout(ABORT_BOUND):
+            while slow.started < 1:
+                await asyncio.sleep(0.01)
+            await slow_daemon.control("DELETE", f"/control/sessions/{session['session_id']}")
+            response = await invoke
+            answer = await response.json()
+
+        assert (response.status, answer["status"], slow.cancelled) == (200, "aborted", 1)
+        other = await slow_daemon.new_session()
+        calc = slow_daemon.url + "/api/v1/mcp/tools/calculate/invoke"
+        async with http.post(calc, json={"arguments": {"expression": "6*7"}}, headers=other["headers"]) as r:
+            assert (r.status, (await r.json())["status"]) == (200, "ok")
+    outcomes = [(c["tool"], c["outcome"]) for c in slow_daemon.audit_events("tool.call")]
+    assert outcomes == [("wait_forever", "aborted"), ("calculate", "ok")]
