@@ -103,11 +103,7 @@ async def amain(args: argparse.Namespace) -> int:
         print("--instructions needs valgrind (Debian: apt install valgrind)", file=sys.stderr)
         return 2
     with contextlib.ExitStack() as stack:
-        grind = (
-            stack.enter_context(Callgrind.patched(Path(stack.enter_context(tempfile.TemporaryDirectory()))))
-            if args.instructions
-            else None
-        )
+        grind = stack.enter_context(Callgrind.patched()) if args.instructions else None
         targets: dict[str, Target] = {}
         for name in names:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"sidecar-ab-{name}-")))
@@ -154,7 +150,9 @@ class Callgrind:
 
     @classmethod
     @contextlib.contextmanager
-    def patched(cls, outdir: Path) -> Iterator[Callgrind]:
+    def patched(cls) -> Iterator[Callgrind]:
+        """Servers started inside the ``with`` run under callgrind (until ``stop_patching``)."""
+        outdir = Path(tempfile.mkdtemp(prefix="sidecar-callgrind-"))
         grind = cls(outdir)
         original = (benchlib.START_TIMEOUT, bench_mcp.START_TIMEOUT)
         # Under valgrind a server takes a minute or two to start.
@@ -166,6 +164,7 @@ class Callgrind:
         finally:
             grind.stop_patching()
             benchlib.START_TIMEOUT, bench_mcp.START_TIMEOUT = original
+            shutil.rmtree(outdir, ignore_errors=True)
 
     def stop_patching(self) -> None:
         subprocess.Popen = self._popen  # type: ignore[misc]

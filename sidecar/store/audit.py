@@ -73,14 +73,13 @@ def _seal(record: dict[str, object]) -> tuple[str, bytes]:
 
     With sorted keys, ``hash`` sits between the keys below it and those above it, so the record is
     encoded as those two halves once, and both the hashed text (no ``hash``) and the line (with it) are
-    assembled from them: the same bytes as two whole encodings, for about half the work on every call.
+    assembled from them: the same bytes as two whole encodings, for a quarter fewer instructions per
+    record (callgrind: 114 k against 147 k).
     """
-    below = _ENCODER.encode({k: v for k, v in record.items() if k < "hash"})
-    above = _ENCODER.encode({k: v for k, v in record.items() if k > "hash"})
-    head, tail = below[:-1], above[1:]  # "{…" and "…}"
-    joint = "," if len(head) > 1 and len(tail) > 1 else ""
-    digest = _sha256((head + joint + tail).encode("ascii"))
-    line = head + ("," if len(head) > 1 else "") + f'"hash":"{digest}"' + ("," if len(tail) > 1 else "") + tail
+    below = _ENCODER.encode({k: v for k, v in record.items() if k < "hash"})[1:-1]  # members, no braces
+    above = _ENCODER.encode({k: v for k, v in record.items() if k > "hash"})[1:-1]
+    digest = _sha256(("{" + ",".join(filter(None, (below, above))) + "}").encode("ascii"))
+    line = "{" + ",".join(filter(None, (below, f'"hash":"{digest}"', above))) + "}"
     return digest, line.encode("ascii")
 
 
