@@ -46,7 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -66,11 +66,11 @@ from sidecar.appkeys import REGISTRY, SESSIONS, TOOLS, Runtime  # noqa: E402
 from sidecar.auth.encoding import mint_token, token_digest  # noqa: E402
 from sidecar.auth.principal import SCOPE_KEY, Principal  # noqa: E402
 from sidecar.auth.sessions import Session, SessionStore  # noqa: E402
-from sidecar.bus.mcp import ChangeHub, _tool_to_mcp, build_mcp_server  # noqa: E402
 from sidecar.bus.policy import FREE, Phase, decide  # noqa: E402
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry  # noqa: E402
 from sidecar.bus.tools import ToolService  # noqa: E402
 from sidecar.config import Settings, ToolSettings  # noqa: E402
+from sidecar.edge.mcp import ChangeHub, _tool_to_mcp, build_mcp_server  # noqa: E402
 from sidecar.paths import Paths  # noqa: E402
 from sidecar.store.files import ensure_private_dir  # noqa: E402
 
@@ -449,25 +449,28 @@ class Wired:
     server: Any
 
 
-@contextlib.contextmanager
-def wired(seed: int, auto_defer_above: int, home: Path, workspace: Path) -> Iterator[Wired]:
-    """``build_app`` over a fresh seeded pool (never started: no socket), as the daemon wires it."""
+@contextlib.asynccontextmanager
+async def wired(seed: int, auto_defer_above: int, home: Path, workspace: Path) -> AsyncIterator[Wired]:
+    """``build_app`` over a fresh seeded pool, started without a socket, as the daemon wires it."""
+    from aiohttp import web
+
     from sidecar.app import build_app
-    from sidecar.appkeys import AUDIT
 
     paths = Paths.resolve({"SIDECAR_HOME": str(home)})
     for directory in (paths.config, paths.state, paths.data):
         ensure_private_dir(directory)
     token = mint_token()
     settings = Settings(tools=ToolSettings(auto_defer_above=auto_defer_above))
-    app = build_app(settings, paths, Runtime(token, token_digest(token)), registry=build_pool(seed))
-    sessions = app[SESSIONS]
-    session, _ = sessions.create(project_id="bench", workspace=str(workspace), mode="default", allow=("*",))
-    server = build_mcp_server(tools=app[TOOLS], sessions=sessions, hub=ChangeHub())
+    runner = web.AppRunner(build_app(settings, paths, Runtime(token, token_digest(token)), registry=build_pool(seed)))
+    await runner.setup()  # runs the app's subsystems (cleanup_ctx); no site, so no socket
+    app = runner.app
     try:
+        sessions = app[SESSIONS]
+        session, _ = sessions.create(project_id="bench", workspace=str(workspace), mode="default", allow=("*",))
+        server = build_mcp_server(tools=app[TOOLS], sessions=sessions, hub=ChangeHub())
         yield Wired(app[TOOLS], sessions, app[REGISTRY], session, server)
     finally:
-        app[AUDIT].close()
+        await runner.cleanup()
 
 
 def _list_context(session: Session, version: str) -> ServerRequestContext[Any, Any]:
@@ -925,7 +928,7 @@ async def amain(args: argparse.Namespace) -> int:
         workspace = workdir / "workspace"
         workspace.mkdir()
         log(f"building a {N_TOOLS}-tool pool (seed {args.seed})")
-        with wired(args.seed, LISTED_ALL, workdir / "home-list", workspace) as w:
+        async with wired(args.seed, LISTED_ALL, workdir / "home-list", workspace) as w:
             counts = {risk: sum(1 for t in w.registry if t.risk is risk) for risk in Risk}
             header = (
                 f"tool pool: {len(w.registry)} tools ({N_TOOLS} generated + built-ins; "
@@ -937,7 +940,7 @@ async def amain(args: argparse.Namespace) -> int:
             bench_list(w, plan, rows, profiles, args.profile)
             log("decisions")
             bench_decide(w, plan, rows)
-        with wired(args.seed, DEFER_ALL, workdir / "home-search", workspace) as w:
+        async with wired(args.seed, DEFER_ALL, workdir / "home-search", workspace) as w:
             log("tool_search in process")
             await bench_search(w, plan, rows, profiles, args.profile)
         if not args.no_http:

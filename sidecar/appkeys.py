@@ -18,13 +18,16 @@ from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
 from sidecar.bus.approvals import ApprovalStore
 from sidecar.bus.billing import BillingGate
-from sidecar.bus.mcp import ChangeHub
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.tools import ToolService
 from sidecar.config import Settings
 from sidecar.connectors.service import ConnectorService
+from sidecar.edge.endpoint import McpEndpoint
+from sidecar.edge.mcp import ChangeHub
+from sidecar.edge.rest import RestFacade
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.trust import TrustStore
 
 __all__ = [
     "APPROVALS",
@@ -33,13 +36,17 @@ __all__ = [
     "CONNECTORS",
     "HUB",
     "INFLIGHT",
+    "MCP_ENDPOINT",
     "PATHS",
     "REGISTRY",
+    "RELAY_ENDPOINT",
+    "REST",
     "ROUTES",
     "RUNTIME",
     "SESSIONS",
     "SETTINGS",
     "TOOLS",
+    "TRUST",
     "Runtime",
 ]
 
@@ -72,3 +79,7 @@ HUB = web.AppKey("hub", ChangeHub)
 APPROVALS = web.AppKey("approvals", ApprovalStore)
 BILLING = web.AppKey("billing", BillingGate)
 CONNECTORS = web.AppKey("connectors", ConnectorService)
+TRUST = web.AppKey("trust", TrustStore)
+MCP_ENDPOINT = web.AppKey("mcp_endpoint", McpEndpoint)
+RELAY_ENDPOINT = web.AppKey("relay_endpoint", McpEndpoint)
+REST = web.AppKey("rest", RestFacade)

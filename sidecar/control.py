@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
 from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTIME, SESSIONS, SETTINGS
-from sidecar.auth.routes import PROXY_ROUTE
 from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
+from sidecar.names import PROXY_ROUTE, connector_route
 from sidecar.net.body import read_body
 from sidecar.store.files import loads_strict
 
@@ -77,7 +77,7 @@ async def status(request: web.Request) -> web.Response:
             "uptime_seconds": round(time.time() - runtime.started_at, 1),
             "sessions": len(sessions),
             "routes": [r.name for r in app[ROUTES].list()],
-            "connectors": [c.public() for c in app[CONNECTORS].manager.list()],
+            "connectors": [app[CONNECTORS].public(c) for c in app[CONNECTORS].manager.list()],
             "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
             "storage": {"credentials": "none stored yet", "insecure": False},
             "pending_approvals": len(app[APPROVALS].list()),
@@ -105,7 +105,7 @@ async def create_session(request: web.Request) -> web.Response:
     url = _url(request)
     route = app[ROUTES].get(PROXY_ROUTE)
     if spec.connector is not None:
-        route = app[ROUTES].get(f"connector:{spec.connector}")
+        route = app[ROUTES].get(connector_route(spec.connector))
         url = f"{url}/connectors/{spec.connector}"
         if route is None:
             app[SESSIONS].end(session.id)
@@ -182,28 +182,32 @@ class InstallRequest(_Body):
 
 
 async def list_connectors(request: web.Request) -> web.Response:
-    manager = request.app[CONNECTORS].manager
-    manager.refresh()
+    service = request.app[CONNECTORS]
+    service.manager.refresh()
     return json_response(
-        {"connectors": [c.public() for c in manager.list()], "problems": [str(p) for p in manager.problems]}
+        {
+            "connectors": [service.public(c) for c in service.manager.list()],
+            "problems": [str(p) for p in service.manager.problems],
+        }
     )
 
 
 async def show_connector(request: web.Request) -> web.Response:
-    manager = request.app[CONNECTORS].manager
-    manager.refresh()
-    manager.list()  # refreshes running counts and connected state
-    return json_response(manager.get(request.match_info["connector_id"]).public(detail=True))
+    service = request.app[CONNECTORS]
+    service.manager.refresh()
+    return json_response(service.public(service.manager.get(request.match_info["connector_id"]), detail=True))
 
 
 async def trust_connector(request: web.Request) -> web.Response:
-    connector = await request.app[CONNECTORS].trust(request.match_info["connector_id"])
-    return json_response(connector.public(detail=True))
+    service = request.app[CONNECTORS]
+    connector = await service.trust(request.match_info["connector_id"])
+    return json_response(service.public(connector, detail=True))
 
 
 async def untrust_connector(request: web.Request) -> web.Response:
-    connector = await request.app[CONNECTORS].untrust(request.match_info["connector_id"])
-    return json_response(connector.public(detail=True))
+    service = request.app[CONNECTORS]
+    connector = await service.untrust(request.match_info["connector_id"])
+    return json_response(service.public(connector, detail=True))
 
 
 async def install_connector(request: web.Request) -> web.Response:

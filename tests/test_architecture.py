@@ -8,25 +8,30 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "sidecar"
 
 # Layer of each module (lower may not import higher). STYLE.md: cli → daemon → app → {net, auth, bus,
-# control} → store → {config, paths, errors}.
+# connectors, edge, control} → store → {config, paths, errors}, with one direction inside the middle:
+# the bus (the tool pool and the one decision) knows nothing of connectors; connectors feed the bus
+# through its registry; the MCP edge (the SDK servers, the relay, the REST facade) sits on both.
 LAYERS = {
     "sidecar.errors": 0,
     "sidecar.paths": 0,
+    "sidecar.names": 0,
     "sidecar.config": 1,
+    "sidecar.validation": 1,
     "sidecar.store": 2,
     "sidecar.http": 3,
     "sidecar.net": 3,
     "sidecar.auth": 4,
     "sidecar.bus": 5,
-    "sidecar.connectors": 5,
-    "sidecar.appkeys": 6,
-    "sidecar.control": 7,
-    "sidecar.service": 7,
-    "sidecar.app": 8,
-    "sidecar.daemon": 9,
-    "sidecar.cli": 10,
+    "sidecar.connectors": 6,
+    "sidecar.edge": 7,
+    "sidecar.appkeys": 8,
+    "sidecar.control": 9,
+    "sidecar.service": 9,
+    "sidecar.app": 10,
+    "sidecar.daemon": 11,
+    "sidecar.cli": 12,
     "sidecar": 0,
-    "sidecar.__main__": 11,
+    "sidecar.__main__": 13,
 }
 
 

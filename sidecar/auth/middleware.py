@@ -16,9 +16,10 @@ from aiohttp.typedefs import Handler, Middleware
 
 from sidecar.auth.encoding import token_digest
 from sidecar.auth.principal import Principal
-from sidecar.auth.routes import PROXY_ROUTE, RouteRegistry
+from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
 from sidecar.errors import Unauthorized
+from sidecar.names import PROXY_ROUTE, connector_route
 
 __all__ = ["PRINCIPAL", "bearer_token", "make_auth_middleware", "route_for_path"]
 
@@ -48,14 +49,20 @@ def route_for_path(path: str) -> str | None:
     prefix = "/mcp/connectors/"
     if path.startswith(prefix):
         connector = path[len(prefix) :].split("/", 1)[0]
-        return f"connector:{connector}" if connector else None
+        return connector_route(connector) if connector else None
     return None
 
 
 def make_auth_middleware(
-    *, routes: RouteRegistry, sessions: SessionStore, control_digest: Callable[[], bytes]
+    *,
+    routes: Callable[[], RouteRegistry],
+    sessions: Callable[[], SessionStore],
+    control_digest: Callable[[], bytes],
 ) -> Middleware:
-    """Authenticate by path: ``/control`` → control token; token routes → route token + envelope."""
+    """Authenticate by path: ``/control`` → control token; token routes → route token + envelope.
+
+    ``routes`` and ``sessions`` give the app's registries, which exist once the app has started.
+    """
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -66,9 +73,9 @@ def make_auth_middleware(
         route_name = route_for_path(path)
         if route_name is None:
             return await handler(request)
-        route = routes.authenticate(route_name, bearer_token(request))
+        route = routes().authenticate(route_name, bearer_token(request))
         contexts = request.headers.getall(CONTEXT_HEADER, [])
-        session = sessions.verify(contexts[0] if len(contexts) == 1 else None)
+        session = sessions().verify(contexts[0] if len(contexts) == 1 else None)
         request[PRINCIPAL] = Principal(route=route.name, generation=route.generation, session_id=session.id)
         return await handler(request)
 

@@ -18,12 +18,9 @@ from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.auth.inflight import InflightTracker
 from sidecar.errors import Conflict, NotFound, Unauthorized
 
-__all__ = ["PROXY_ROUTE", "Route", "RouteRegistry", "route_key"]
+__all__ = ["Route", "RouteRegistry", "route_key"]
 
 logger = logging.getLogger(__name__)
-
-PROXY_ROUTE = "connector-proxy"
-"""The aggregated bus at ``/mcp`` (SPEC §4); registered at start."""
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9:._-]{0,127}$")
 

@@ -6,7 +6,6 @@
 | ``calculate`` | LOW | arithmetic through an AST whitelist, never ``eval`` |
 | ``tool_search`` | LOW | BM25 search over the session's allowed deferred tools, with their schemas |
 | ``tool_call`` | LOW | run a tool found by search, through the same decision and gates as a direct call |
-| ``list_connectors`` | LOW | the connectors this session can use, with their states |
 | ``notes_read`` | LOW | this project's shared notebook |
 | ``note_save`` | MEDIUM | add a dated entry to the notebook (asks in ``default`` mode) |
 | ``notes_clear`` | HIGH | erase the notebook — irreversible, so never exposed to agents |
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +25,13 @@ from sidecar.errors import ToolError
 
 __all__ = ["install_builtins"]
 
-ConnectorLister = Callable[[str], list[dict[str, Any]]]
-"""session id → the connectors that session can use, as ``{"id","name","state"}`` records."""
 
-
-def _no_connectors(session_id: str) -> list[dict[str, Any]]:
-    return []
-
-
-def install_builtins(
-    registry: ToolRegistry, *, notes_dir: Path, connectors: ConnectorLister = _no_connectors
-) -> ToolRegistry:
-    """Register the built-in tools on ``registry`` and return it."""
+def install_builtins(registry: ToolRegistry, *, notes_dir: Path) -> ToolRegistry:
+    """Register the built-in tools on ``registry`` and return it (``list_connectors`` comes with the
+    connectors, which register it themselves)."""
     notebook = NoteBook(notes_dir)
     _install_basics(registry)
-    _install_meta(registry, connectors)
+    _install_meta(registry)
     _install_notes(registry, notebook)
     return registry
 
@@ -89,7 +79,7 @@ def _install_basics(registry: ToolRegistry) -> None:
         return ToolOutput(text=str(value), structured={"result": value})
 
 
-def _install_meta(registry: ToolRegistry, connectors: ConnectorLister) -> None:
+def _install_meta(registry: ToolRegistry) -> None:
     @registry.tool(
         name="tool_search",
         title="Search tools",
@@ -139,17 +129,6 @@ def _install_meta(registry: ToolRegistry, connectors: ConnectorLister) -> None:
         if arguments["name"] in {"tool_call", "tool_search"}:
             raise ToolError("tool_call runs other tools, not itself or tool_search")
         return await call.bus.call(arguments["name"], arguments.get("arguments") or {})
-
-    @registry.tool(
-        name="list_connectors",
-        title="List connectors",
-        description="The connectors (MCP servers behind sidecar) this session can use, and their states.",
-        risk=Risk.LOW,
-    )
-    async def list_connectors(arguments: dict[str, Any], call: CallContext) -> ToolOutput:
-        found = connectors(call.session_id)
-        text = "\n".join(f"{c['id']}: {c['state']}" for c in found) or "no connectors are available"
-        return ToolOutput(text=text, structured={"connectors": found})
 
 
 def _install_notes(registry: ToolRegistry, notebook: NoteBook) -> None:

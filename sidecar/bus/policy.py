@@ -18,8 +18,9 @@ from typing import Final
 
 from sidecar.auth.sessions import Mode, Session
 from sidecar.bus.registry import Risk, ToolDef
+from sidecar.names import connector_grant
 
-__all__ = ["Billing", "Decision", "Phase", "Verdict", "decide", "pattern_allows"]
+__all__ = ["Billing", "Decision", "Phase", "Verdict", "decide", "grants_connector", "pattern_allows"]
 
 
 class Phase(enum.StrEnum):
@@ -75,7 +76,13 @@ def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
     """``*``, an exact name, or ``mcp__<server>__*`` for a connector's tools."""
     if "*" in patterns or tool.name in patterns:
         return True
-    return tool.source != "builtin" and f"mcp__{tool.server}__*" in patterns
+    return tool.source != "builtin" and connector_grant(tool.server) in patterns
+
+
+def grants_connector(session: Session, connector_id: str) -> bool:
+    """Whether the session's grant covers a connector whole (``*`` or ``mcp__<id>__*``): what reading its
+    resources and prompts, and reaching its own route beyond single tools, require."""
+    return "*" in session.allow or connector_grant(connector_id) in session.allow
 
 
 def _available(tool: ToolDef, session: Session) -> bool:

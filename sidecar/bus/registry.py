@@ -8,12 +8,13 @@ change at run time (the definition is frozen).
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jsonschema import Draft202012Validator
+
+from sidecar.names import TOOL_NAME
 
 if TYPE_CHECKING:
     from sidecar.auth.sessions import Session
@@ -38,12 +39,8 @@ class Risk(enum.StrEnum):
     HIGH = "HIGH"
 
 
-# MCP tool names (SEP-986) further capped at 64 characters, which is what downstream LLM APIs accept.
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
 def validate_tool_name(name: str) -> str:
-    if not _TOOL_NAME.fullmatch(name):
+    if not TOOL_NAME.fullmatch(name):
         raise ValueError(f"invalid tool name {name!r}: 1-64 characters of A-Z a-z 0-9 _ . -")
     return name
 

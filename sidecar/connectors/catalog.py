@@ -19,9 +19,11 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 
 from sidecar.auth.sessions import Session
+from sidecar.bus.policy import grants_connector
 from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.pool import CALL_TIMEOUT, ConnectorPool, LaunchContext, launch_plan
 from sidecar.errors import NotFound, ToolError
+from sidecar.names import connector_tool, split_connector_tool
 
 __all__ = ["ConnectorCatalog", "local_uri", "remote_uri"]
 
@@ -42,10 +44,6 @@ def remote_uri(uri: str) -> tuple[str, str]:
     return connector_id, original
 
 
-def _prompt_name(connector_id: str, name: str) -> str:
-    return f"mcp__{connector_id}__{name}"
-
-
 class ConnectorCatalog:
     """Lists and reads what trusted connectors offer besides tools."""
 
@@ -63,7 +61,7 @@ class ConnectorCatalog:
         self._context = context
 
     def _visible(self, session: Session) -> list[Connector]:
-        return [c for c in self._manager.trusted() if "*" in session.allow or f"mcp__{c.id}__*" in session.allow]
+        return [c for c in self._manager.trusted() if grants_connector(session, c.id)]
 
     def resources(self, session: Session) -> list[types.Resource]:
         found = []
@@ -71,7 +69,7 @@ class ConnectorCatalog:
             for raw in self._offers(connector.id).get("resources", []):
                 item = dict(raw)
                 item["uri"] = local_uri(connector.id, str(raw["uri"]))
-                item["name"] = _prompt_name(connector.id, str(raw.get("name", "")))
+                item["name"] = connector_tool(connector.id, str(raw.get("name", "")))
                 found.append(types.Resource.model_validate(item))
         return found
 
@@ -81,7 +79,7 @@ class ConnectorCatalog:
             for raw in self._offers(connector.id).get("resourceTemplates", []):
                 item = dict(raw)
                 item["uriTemplate"] = local_uri(connector.id, str(raw["uriTemplate"]))
-                item["name"] = _prompt_name(connector.id, str(raw.get("name", "")))
+                item["name"] = connector_tool(connector.id, str(raw.get("name", "")))
                 found.append(types.ResourceTemplate.model_validate(item))
         return found
 
@@ -90,7 +88,7 @@ class ConnectorCatalog:
         for connector in self._visible(session):
             for raw in self._offers(connector.id).get("prompts", []):
                 item = dict(raw)
-                item["name"] = _prompt_name(connector.id, str(raw["name"]))
+                item["name"] = connector_tool(connector.id, str(raw["name"]))
                 found.append(types.Prompt.model_validate(item))
         return found
 
@@ -115,10 +113,10 @@ class ConnectorCatalog:
         return types.ReadResourceResult.model_validate({"contents": contents})
 
     async def prompt(self, session: Session, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
-        prefix, _, rest = name.partition("mcp__")
-        connector_id, sep, original = rest.partition("__")
-        if prefix or not sep:
+        parts = split_connector_tool(name)
+        if parts is None:
             raise NotFound("no such prompt")
+        connector_id, original = parts
         client = await self._client(session, self._connector_for(session, connector_id))
         try:
             return await asyncio.wait_for(client.get_prompt(original, arguments), CALL_TIMEOUT)

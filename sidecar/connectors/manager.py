@@ -46,8 +46,6 @@ class Connector:
     key: str
     state: ConnectorState
     error: str | None = None
-    running: int = 0
-    """Processes of this connector alive right now (all sessions)."""
     tool_drift: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -56,18 +54,21 @@ class Connector:
 
     @property
     def trusted(self) -> bool:
-        return self.state in (ConnectorState.TRUSTED, ConnectorState.CONNECTED)
+        return self.state is ConnectorState.TRUSTED
 
-    def public(self, *, detail: bool = False) -> dict[str, object]:
+    def public(self, *, running: int = 0, detail: bool = False) -> dict[str, object]:
+        """What the control API shows; ``running``: its processes alive now, in all sessions (a trusted
+        connector with one is ``connected``)."""
         launch = self.spec.launch
+        state = ConnectorState.CONNECTED if self.state is ConnectorState.TRUSTED and running else self.state
         body: dict[str, object] = {
             "id": self.id,
             "name": self.spec.name,
             "kind": self.spec.kind,
-            "state": self.state.value,
+            "state": state.value,
             "transport": launch.transport,
             "error": self.error,
-            "running": self.running,
+            "running": running,
         }
         if detail:
             body.update(
@@ -113,8 +114,6 @@ class ConnectorManager:
         self._connectors: dict[str, Connector] = {}
         self.problems: list[ManifestProblem] = []
         self._listeners: list[ChangeListener] = []
-        self.running_count: Callable[[str], int] = lambda connector_id: 0
-        """Set by the app to the pool's count: a trusted connector with a live process is ``connected``."""
 
     def subscribe(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
@@ -137,7 +136,6 @@ class ConnectorManager:
             old = previous.get(spec.id)
             connector = Connector(spec=spec, key=key, state=self._state_for(spec.id, key))
             if old is not None:
-                connector.running = old.running
                 connector.tool_drift = old.tool_drift if old.key == key else {}
                 if old.key != key and old.trusted:
                     logger.warning("connector %s changed since it was trusted; it needs trust again", spec.id)
@@ -159,12 +157,6 @@ class ConnectorManager:
         return ConnectorState.CONFIGURED
 
     def list(self) -> list[Connector]:
-        for connector in self._connectors.values():
-            connector.running = self.running_count(connector.id)
-            if connector.state is ConnectorState.TRUSTED and connector.running:
-                connector.state = ConnectorState.CONNECTED
-            elif connector.state is ConnectorState.CONNECTED and not connector.running:
-                connector.state = ConnectorState.TRUSTED
         return sorted(self._connectors.values(), key=lambda c: c.id)
 
     def get(self, connector_id: str) -> Connector:

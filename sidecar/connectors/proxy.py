@@ -30,15 +30,14 @@ from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.pool import CALL_TIMEOUT, ConnectorPool, LaunchContext, LaunchPlan, launch_plan
 from sidecar.errors import StorageError, ToolError
+from sidecar.names import MAX_TOOL_NAME, connector_route, connector_tool
 from sidecar.store.files import read_json, write_json
 from sidecar.store.trust import TrustStore, tool_fingerprint
 
-__all__ = ["ConnectorTools", "proxied_name", "withheld_message"]
+__all__ = ["ConnectorTools", "withheld_message"]
 
 logger = logging.getLogger(__name__)
 
-MAX_NAME: Final = 64
-"""Whole tool name limit: what downstream LLM APIs accept (notes/users.md §3.17)."""
 PROBE_SESSION: Final = "probe"
 
 
@@ -48,10 +47,6 @@ def withheld_message(connector: Connector, tool: str) -> str:
         f"{tool} changed since {connector.id} was trusted ({connector.tool_drift[tool]}); it is withheld "
         f"until the user reviews it and runs: sidecar connectors trust {connector.id}"
     )
-
-
-def proxied_name(connector_id: str, tool: str) -> str:
-    return f"mcp__{connector_id}__{tool}"
 
 
 def _cache_file(directory: Path, key: str) -> Path:
@@ -109,9 +104,9 @@ class ConnectorTools:
         offers = await self._probe(connector.spec)
         tools = offers["tools"]
         problems = [
-            f"{t['name']}: name too long as {proxied_name(connector.id, t['name'])}"
+            f"{t['name']}: name too long as {connector_tool(connector.id, t['name'])}"
             for t in tools
-            if len(proxied_name(connector.id, str(t["name"]))) > MAX_NAME
+            if len(connector_tool(connector.id, str(t["name"]))) > MAX_TOOL_NAME
         ]
         if problems:
             raise ToolError(f"connector {connector.id} refused: " + "; ".join(problems))
@@ -152,8 +147,8 @@ class ConnectorTools:
         self._defs[connector.id] = {str(t["name"]): t for t in tools}
         for tool in tools:
             name = str(tool["name"])
-            full = proxied_name(connector.id, name)
-            if len(full) > MAX_NAME or self._registry.get(full) is not None:
+            full = connector_tool(connector.id, name)
+            if len(full) > MAX_TOOL_NAME or self._registry.get(full) is not None:
                 logger.warning("not registering %s: name too long or taken", full)
                 continue
             schema = tool.get("inputSchema") or {"type": "object", "properties": {}}
@@ -169,7 +164,7 @@ class ConnectorTools:
                     parameters={**schema, "additionalProperties": True},
                     title=tool.get("title") if isinstance(tool.get("title"), str) else None,
                     available=self._availability(connector.id, name),
-                    source=f"connector:{connector.id}",
+                    source=connector_route(connector.id),
                     server=connector.id,
                 )
             except (ValueError, Exception) as exc:  # a schema jsonschema cannot use: skip that tool

@@ -1,9 +1,10 @@
-"""Connectors as one service: the manager, the process pool and the proxied tools, kept in step.
+"""Connectors as one service: the manager, the processes and connections, the proxied tools, in step.
 
 Trusting a connector probes it for its tools and registers them; untrusting it, or a change of its
-config or package, stops its processes in every session and takes its tools out of the pool; a session
-that ends takes its processes with it. Every change of what a session may see is announced through
-``notify`` (the MCP layer sends ``tools/list_changed``).
+config or package, stops its processes and relayed connections in every session and takes its tools
+out of the pool; a session that ends takes its processes with it. Every change of what a session may
+see is announced through ``notify`` (the MCP edge sends ``tools/list_changed``). The service also
+registers the ``list_connectors`` tool: the connectors a session can use, from the bus's own registry.
 """
 
 from __future__ import annotations
@@ -12,28 +13,22 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sidecar.auth.routes import RouteRegistry
-from sidecar.bus.registry import ToolRegistry
+from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
 from sidecar.connectors.pool import ConnectorPool, LaunchContext, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools
+from sidecar.connectors.upstream import Upstreams
 from sidecar.errors import SidecarError
+from sidecar.names import connector_route
 from sidecar.store.trust import TrustStore
 
-if TYPE_CHECKING:
-    from sidecar.connectors.relay import Relay
-
-__all__ = ["ConnectorService", "route_name"]
+__all__ = ["ConnectorService"]
 
 logger = logging.getLogger(__name__)
-
-
-def route_name(connector_id: str) -> str:
-    return f"connector:{connector_id}"
-
 
 Notify = Callable[[str | None], None]
 """Announce a change of visible tools: to one session (its id) or to every session (None)."""
@@ -49,15 +44,15 @@ class ConnectorService:
         cache_dir: Path,
         context: Callable[[str, str], LaunchContext],
         notify: Notify,
-        routes: RouteRegistry | None = None,
-        limits: PoolLimits | None = None,
+        routes: RouteRegistry,
+        limits: PoolLimits,
     ) -> None:
         self.manager = manager
         self._routes = routes
         self._notify = notify
-        self.pool = ConnectorPool(
-            limits=limits, on_change=lambda session_id, _: notify(session_id), count=self._running
-        )
+        # The pool's processes and the relay's connections count against the same caps (``running``).
+        self.pool = ConnectorPool(limits=limits, on_change=lambda session_id, _: notify(session_id), count=self.running)
+        self.upstreams = Upstreams(context=context, start_timeout=limits.start_timeout, check_caps=self.pool.check_caps)
         self.tools = ConnectorTools(
             registry=registry,
             manager=manager,
@@ -69,14 +64,15 @@ class ConnectorService:
         )
         self.catalog = ConnectorCatalog(manager=manager, pool=self.pool, offers=self.tools.offers, context=context)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.relay: Relay | None = None
-        """The faithful relay behind the connectors' own routes; its connections go where the pool's go."""
-        manager.running_count = self._running
         manager.subscribe(self._on_connector)
+        _install_list_connectors(registry, self)
 
-    def _running(self, connector_id: str | None = None) -> int:
-        relayed = self.relay.running(connector_id) if self.relay is not None else 0
-        return self.pool.running(connector_id) + relayed
+    def running(self, connector_id: str | None = None) -> int:
+        """Processes and relayed connections alive now, of one connector or of all."""
+        return self.pool.running(connector_id) + self.upstreams.running(connector_id)
+
+    def public(self, connector: Connector, *, detail: bool = False) -> dict[str, object]:
+        return connector.public(running=self.running(connector.id), detail=detail)
 
     def start(self) -> None:
         """Register the cached tools of the connectors trusted in earlier runs (spawns nothing)."""
@@ -86,13 +82,13 @@ class ConnectorService:
 
     def _mount(self, connector_id: str) -> None:
         """``/mcp/connectors/<id>`` with its own route token (SPEC §4), for hosts that want one connector."""
-        name = route_name(connector_id)
-        if self._routes is not None and self._routes.get(name) is None:
+        name = connector_route(connector_id)
+        if self._routes.get(name) is None:
             self._routes.register(name, path=f"/mcp/connectors/{connector_id}")
 
     def _unmount(self, connector_id: str) -> None:
-        name = route_name(connector_id)
-        if self._routes is not None and self._routes.get(name) is not None:
+        name = connector_route(connector_id)
+        if self._routes.get(name) is not None:
             self._routes.unregister(name)  # the token dies and its in-flight requests are aborted
 
     async def trust(self, connector_id: str) -> Connector:
@@ -117,14 +113,12 @@ class ConnectorService:
 
     def session_ended(self, session_id: str) -> None:
         self._background(self.pool.stop_session(session_id))
-        if self.relay is not None:
-            self._background(self.relay.close_session(session_id))
+        self._background(self.upstreams.close_session(session_id))
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        if self.relay is not None:
-            await self.relay.close()
+        await self.upstreams.close()
         await self.pool.close()
 
     def _on_connector(self, connector: Connector, event: str) -> None:
@@ -134,8 +128,7 @@ class ConnectorService:
 
     async def _withdraw(self, connector_id: str) -> None:
         self._unmount(connector_id)
-        if self.relay is not None:
-            await self.relay.close_connector(connector_id)
+        await self.upstreams.close_connector(connector_id)
         await self.pool.stop_connector(connector_id)
         self.tools.sync()
         self._notify(None)
@@ -144,3 +137,16 @@ class ConnectorService:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _install_list_connectors(registry: ToolRegistry, service: ConnectorService) -> None:
+    @registry.tool(
+        name="list_connectors",
+        title="List connectors",
+        description="The connectors (MCP servers behind sidecar) this session can use, and their states.",
+        risk=Risk.LOW,
+    )
+    async def list_connectors(arguments: dict[str, Any], call: CallContext) -> ToolOutput:
+        found = [service.public(c) for c in service.manager.trusted()]
+        text = "\n".join(f"{c['id']}: {c['state']}" for c in found) or "no connectors are available"
+        return ToolOutput(text=text, structured={"connectors": found})

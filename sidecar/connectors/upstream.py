@@ -1,4 +1,4 @@
-"""One raw JSON-RPC connection to a connector, for the faithful relay (``connectors/relay.py``).
+"""One raw JSON-RPC connection to a connector, for the faithful relay (``edge/relay.py``).
 
 The relay forwards messages as they are, so it talks to the connector below the SDK's typed client:
 a ``JSONRPCDispatcher`` over the connector's stdio (a ``ConnectorProcess`` of its own) or over a
@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final, Protocol
 
 import anyio
@@ -31,11 +31,12 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp.shared.transport_context import TransportContext
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestId
 
-from sidecar.connectors.pool import CALL_TIMEOUT, LaunchPlan, http_transport
+from sidecar.connectors.manifests import ConnectorSpec
+from sidecar.connectors.pool import CALL_TIMEOUT, LaunchContext, LaunchPlan, http_transport, launch_plan
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
 
-__all__ = ["Sink", "Upstream"]
+__all__ = ["Sink", "Upstream", "Upstreams"]
 
 logger = logging.getLogger(__name__)
 
@@ -215,3 +216,80 @@ class Upstream:
         self._process = process
         async with process, process.transport() as streams:
             yield streams
+
+
+class Upstreams:
+    """Every relayed connection, by (sidecar session, connector): opened, counted, closed with them.
+
+    A 2025-era MCP session opens one of its own (``open``; the relay drops it when that MCP session
+    ends); 2026-07-28 requests share one per (session, connector) (``shared``). They count against the
+    same caps as the pool's processes (``check_caps``) and die with their session or their trust.
+    """
+
+    def __init__(
+        self,
+        *,
+        context: Callable[[str, str], LaunchContext],
+        start_timeout: float,
+        check_caps: Callable[[str], None],
+    ) -> None:
+        self._context = context
+        self._start_timeout = start_timeout
+        self._check_caps = check_caps
+        self._open: dict[Upstream, tuple[str, str]] = {}
+        self._shared: dict[tuple[str, str], Upstream] = {}
+        self._starting: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def running(self, connector_id: str | None = None) -> int:
+        """Live connections (a dead one stays registered until its MCP session ends, but runs nothing)."""
+        return sum(
+            1
+            for upstream, (_, cid) in self._open.items()
+            if upstream.alive and (connector_id is None or cid == connector_id)
+        )
+
+    async def open(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
+        """A new connection of the session's own; ``ToolError`` when a cap is reached or it cannot start."""
+        self._check_caps(spec.id)
+        upstream = Upstream(launch_plan(spec, self._context(session_id, workspace)), name=spec.id)
+        self._open[upstream] = (session_id, spec.id)
+        try:
+            await upstream.start(self._start_timeout)
+        except BaseException:
+            self._open.pop(upstream, None)
+            raise
+        return upstream
+
+    async def shared(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
+        """The session's one connection to ``spec`` for self-contained (2026-07-28) requests."""
+        key = (session_id, spec.id)
+        async with self._starting.setdefault(key, asyncio.Lock()):
+            upstream = self._shared.get(key)
+            if upstream is not None and upstream.alive:
+                return upstream
+            if upstream is not None:
+                await self.drop(upstream)
+            upstream = await self.open(session_id, workspace, spec)
+            self._shared[key] = upstream
+            return upstream
+
+    async def drop(self, upstream: Upstream) -> None:
+        key = self._open.pop(upstream, None)
+        if key is not None and self._shared.get(key) is upstream:
+            del self._shared[key]
+        await upstream.close()
+
+    async def close_session(self, session_id: str) -> None:
+        await self._close_where(lambda key: key[0] == session_id)
+        for key in [key for key in self._starting if key[0] == session_id]:
+            del self._starting[key]
+
+    async def close_connector(self, connector_id: str) -> None:
+        await self._close_where(lambda key: key[1] == connector_id)
+
+    async def close(self) -> None:
+        await self._close_where(lambda key: True)
+
+    async def _close_where(self, match: Callable[[tuple[str, str]], bool]) -> None:
+        doomed = [upstream for upstream, key in self._open.items() if match(key)]
+        await asyncio.gather(*(self.drop(upstream) for upstream in doomed))

@@ -8,7 +8,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.connection import Connection
 from mcp.server.session import ServerSession
 
-from sidecar.connectors.relay import _channels, _connection_state
+from sidecar.edge.relay import _channels, _connection_state
 
 
 class _Outbound:

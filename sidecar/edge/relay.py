@@ -19,7 +19,6 @@ resources and prompts need the session's grant of the connector (as on ``/mcp``)
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
@@ -39,20 +38,21 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, RequestId
 
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import Session, SessionStore
-from sidecar.bus.mcp import CALLER, elicitation_asker, principal_of
+from sidecar.bus.policy import grants_connector
 from sidecar.bus.registry import CallContext, ToolOutput
 from sidecar.bus.tools import ToolService
-from sidecar.connectors.manager import Connector, ConnectorManager
-from sidecar.connectors.pool import LaunchContext, launch_plan
-from sidecar.connectors.proxy import ConnectorTools, proxied_name, withheld_message
+from sidecar.connectors.manager import Connector
+from sidecar.connectors.proxy import withheld_message
+from sidecar.connectors.service import ConnectorService
 from sidecar.connectors.upstream import Sink, Upstream
+from sidecar.edge.mcp import CALLER, elicitation_asker, principal_of
 from sidecar.errors import SidecarError, ToolError
+from sidecar.names import connector_of_route, connector_tool
 
 __all__ = ["Relay"]
 
 logger = logging.getLogger(__name__)
 
-ROUTE_PREFIX: Final = "connector:"
 _STATE_KEY: Final = "sidecar.relay"
 _UNGATED: Final = frozenset({"ping", "logging/setLevel", "server/discover", "tools/list"})
 """Requests any live session on the route may send: they reach no resource or prompt, and tools are
@@ -64,60 +64,20 @@ _NOT_RELAYED: Final = frozenset({"notifications/cancelled", "notifications/progr
 
 
 class Relay:
-    """The SDK server behind ``/mcp/connectors/<id>`` and the connector connections it opened."""
+    """The SDK server behind ``/mcp/connectors/<id>``; its connector connections are ``Upstreams``."""
 
     def __init__(
         self,
         *,
-        manager: ConnectorManager,
-        connector_tools: ConnectorTools,
+        connectors: ConnectorService,
         tools: ToolService,
         sessions: SessionStore,
-        context: Callable[[str, str], LaunchContext],
-        start_timeout: float,
-        check_caps: Callable[[str], None] = lambda connector_id: None,
     ) -> None:
-        self._manager = manager
-        self._connector_tools = connector_tools
+        self._manager = connectors.manager
+        self._connector_tools = connectors.tools
+        self._upstreams = connectors.upstreams
         self._tools = tools
         self._sessions = sessions
-        self._context = context
-        self._start_timeout = start_timeout
-        self._check_caps = check_caps
-        self._open: dict[Upstream, tuple[str, str]] = {}
-        self._modern: dict[tuple[str, str], Upstream] = {}
-        self._starting: dict[tuple[str, str], asyncio.Lock] = {}
-
-    # -- facts and teardown ----------------------------------------------------------------------
-
-    def running(self, connector_id: str | None = None) -> int:
-        """Live connections (a dead one stays registered until its MCP session ends, but runs nothing)."""
-        return sum(
-            1
-            for upstream, (_, cid) in self._open.items()
-            if upstream.alive and (connector_id is None or cid == connector_id)
-        )
-
-    async def close_session(self, session_id: str) -> None:
-        await self._close_where(lambda key: key[0] == session_id)
-        for key in [key for key in self._starting if key[0] == session_id]:
-            del self._starting[key]
-
-    async def close_connector(self, connector_id: str) -> None:
-        await self._close_where(lambda key: key[1] == connector_id)
-
-    async def close(self) -> None:
-        await self._close_where(lambda key: True)
-
-    async def _close_where(self, match: Callable[[tuple[str, str]], bool]) -> None:
-        doomed = [upstream for upstream, key in self._open.items() if match(key)]
-        await asyncio.gather(*(self._drop(upstream) for upstream in doomed))
-
-    async def _drop(self, upstream: Upstream) -> None:
-        key = self._open.pop(upstream, None)
-        if key is not None and self._modern.get(key) is upstream:
-            del self._modern[key]
-        await upstream.close()
 
     # -- the SDK server ----------------------------------------------------------------------------
 
@@ -131,7 +91,7 @@ class Relay:
             session = self._sessions.alive(principal.session_id) if principal is not None else None
             if principal is None or session is None:
                 return None
-            tool = self._tools.lookup(session, proxied_name(_connector_id(principal.route), name))
+            tool = self._tools.lookup(session, connector_tool(_connector_id(principal.route), name))
             return dict(tool.input_schema) if tool is not None else None
 
         server: Server[Any] = Server("sidecar-relay", on_list_tools=never_called, get_tool_input_schema=input_schema)
@@ -174,40 +134,31 @@ class Relay:
 
     # -- connections -------------------------------------------------------------------------------
 
-    async def _open_upstream(self, session: Session, connector: Connector) -> Upstream:
-        self._check_caps(connector.id)  # the relay's processes count against the same caps as the pool's
-        plan = launch_plan(connector.spec, self._context(session.id, session.workspace))
-        upstream = Upstream(plan, name=connector.id)
-        self._open[upstream] = (session.id, connector.id)
-        try:
-            await upstream.start(self._start_timeout)
-        except BaseException:
-            self._open.pop(upstream, None)
-            raise
-        return upstream
-
     async def _initialize(
         self, ctx: ServerRequestContext[Any, Any], session: Session, connector: Connector
     ) -> dict[str, Any]:
         """A 2025-era MCP session opens: give it a connector connection of its own and relay the handshake."""
         _, connection = _channels(ctx)
         try:
-            upstream = await self._open_upstream(session, connector)
+            upstream = await self._upstreams.open(session.id, session.workspace, connector.spec)
         except ToolError as exc:
             raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
         upstream.standalone = connection
         connection.state[_STATE_KEY] = upstream
         # The SDK unwinds this stack when the MCP session ends (DELETE, idle expiry, shutdown).
-        connection.exit_stack.push_async_callback(self._drop, upstream)
+        connection.exit_stack.push_async_callback(self._upstreams.drop, upstream)
         try:
             return await upstream.request("initialize", ctx.params, {"cancel_on_abandon": False})
         except BaseException:
-            await self._drop(upstream)
+            await self._upstreams.drop(upstream)
             raise
 
     async def _upstream(self, ctx: ServerRequestContext[Any, Any], session: Session, connector: Connector) -> Upstream:
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return await self._modern_upstream(session, connector)
+            try:
+                return await self._upstreams.shared(session.id, session.workspace, connector.spec)
+            except ToolError as exc:
+                raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
         upstream = _connection_state(ctx).get(_STATE_KEY)
         if not isinstance(upstream, Upstream) or not upstream.alive:
             raise MCPError(
@@ -215,21 +166,6 @@ class Relay:
                 message=f"connector {connector.id} is not running for this MCP session; start a new session",
             )
         return upstream
-
-    async def _modern_upstream(self, session: Session, connector: Connector) -> Upstream:
-        key = (session.id, connector.id)
-        async with self._starting.setdefault(key, asyncio.Lock()):
-            upstream = self._modern.get(key)
-            if upstream is not None and upstream.alive:
-                return upstream
-            if upstream is not None:
-                await self._drop(upstream)
-            try:
-                upstream = await self._open_upstream(session, connector)
-            except ToolError as exc:
-                raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
-            self._modern[key] = upstream
-            return upstream
 
     # -- forwarding --------------------------------------------------------------------------------
 
@@ -245,7 +181,7 @@ class Relay:
         opts = _call_options(ctx)
         if method == "tools/call":
             return await self._call_tool(ctx, session, connector, upstream, channel, opts)
-        if method not in _UNGATED and not _grants_connector(session, connector.id):
+        if method not in _UNGATED and not grants_connector(session, connector.id):
             raise MCPError(code=INVALID_REQUEST, message=f"this session's grant does not include {connector.id}")
         result = await upstream.request(method, params, opts, origin=_origin(ctx, channel))
         if method == "tools/list":
@@ -259,7 +195,7 @@ class Relay:
             tool
             for tool in listed
             if tool.get("name") not in connector.tool_drift
-            and self._tools.lookup(session, proxied_name(connector.id, str(tool.get("name")))) is not None
+            and self._tools.lookup(session, connector_tool(connector.id, str(tool.get("name")))) is not None
         ]
         return {**result, "tools": kept}
 
@@ -293,7 +229,7 @@ class Relay:
 
         outcome = await self._tools.call(
             session,
-            proxied_name(connector.id, name),
+            connector_tool(connector.id, name),
             params.get("arguments") if isinstance(params.get("arguments"), Mapping) else {},
             via="relay",
             abort_keys=(route_key(principal_of(ctx).route),),
@@ -312,11 +248,7 @@ def _origin(ctx: ServerRequestContext[Any, Any], channel: Sink) -> tuple[Sink, R
 
 
 def _connector_id(route: str) -> str:
-    return route.removeprefix(ROUTE_PREFIX)
-
-
-def _grants_connector(session: Session, connector_id: str) -> bool:
-    return "*" in session.allow or f"mcp__{connector_id}__*" in session.allow
+    return connector_of_route(route) or ""
 
 
 def _channels(ctx: ServerRequestContext[Any, Any]) -> tuple[Sink, Connection]:

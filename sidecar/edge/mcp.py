@@ -1,6 +1,6 @@
 """The MCP server behind ``/mcp``: tool handlers over the ``ToolService``, and list_changed delivery.
 
-This and ``bus/endpoint.py`` are the only modules that touch the SDK's server side. Handlers find the
+This and ``edge/endpoint.py`` are the only modules that touch the SDK's server side. Handlers find the
 caller in the ASGI scope (put there by the bridge after auth) and re-read the live session on every
 request, so an ended session or a shrunken grant applies immediately.
 
@@ -11,10 +11,11 @@ streams fed by a per-session subscription bus.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
@@ -28,12 +29,14 @@ from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 
 from sidecar import __version__
 from sidecar.auth.principal import SCOPE_KEY, Principal
-from sidecar.auth.routes import PROXY_ROUTE, route_key
+from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.registry import Risk, ToolDef
 from sidecar.bus.tools import NOT_AVAILABLE, ToolService
+from sidecar.connectors.catalog import local_uri
 from sidecar.errors import NotFound, ToolError
+from sidecar.names import PROXY_ROUTE, connector_of_route, connector_tool
 
 __all__ = ["CALLER", "ChangeHub", "build_mcp_server", "elicitation_asker", "principal_of", "tool_control_id"]
 
@@ -87,6 +90,15 @@ class ChangeHub:
     def __init__(self) -> None:
         self._legacy: dict[str, OrderedDict[str, ServerSession]] = {}
         self._listeners: dict[str, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+        self._tasks: set[asyncio.Task[int]] = set()
+
+    def announce(self, session_ids: Iterable[str]) -> None:
+        """``tools_changed`` for each session, in the background: callers are synchronous event handlers."""
+        loop = asyncio.get_running_loop()
+        for session_id in session_ids:
+            task = loop.create_task(self.tools_changed(session_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def remember(self, session_id: str, transport_session_id: str, session: ServerSession) -> None:
         known = self._legacy.setdefault(session_id, OrderedDict())
@@ -281,11 +293,10 @@ def _catalog_handlers(
 
     def scope(ctx: ServerRequestContext[Any, Any]) -> tuple[str, str] | None:
         """On a connector's own route: the (URI, name) prefixes it may reach; None on the bus."""
-        route = principal_of(ctx).route
-        if route == PROXY_ROUTE:
+        connector_id = connector_of_route(principal_of(ctx).route)
+        if connector_id is None:
             return None
-        connector_id = route.removeprefix("connector:")
-        return f"sidecar:{connector_id}/", f"mcp__{connector_id}__"
+        return local_uri(connector_id, ""), connector_tool(connector_id, "")
 
     def in_scope(ctx: ServerRequestContext[Any, Any], value: str, which: int) -> bool:
         prefixes = scope(ctx)

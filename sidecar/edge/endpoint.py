@@ -25,9 +25,9 @@ from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.principal import SCOPE_KEY, Principal
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import session_key
-from sidecar.bus.asgi import AsgiExchange, DisconnectWatcher
-from sidecar.bus.mcp import CALLER, ChangeHub
 from sidecar.config import Settings
+from sidecar.edge.asgi import AsgiExchange, DisconnectWatcher
+from sidecar.edge.mcp import CALLER, ChangeHub
 from sidecar.errors import UnsupportedMediaType
 from sidecar.net.body import read_body
 

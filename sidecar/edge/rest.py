@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -11,19 +11,18 @@ from sidecar import __version__
 from sidecar.auth.middleware import PRINCIPAL
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import SessionStore
-from sidecar.bus.mcp import tool_control_id
 from sidecar.bus.policy import Verdict
 from sidecar.bus.registry import ToolDef, ToolRegistry
 from sidecar.bus.tools import ToolService
 from sidecar.config import Limits
+from sidecar.edge.mcp import tool_control_id
 from sidecar.errors import EnvelopeRejected, Forbidden, NotFound, RequestRejected, UnsupportedMediaType
 from sidecar.http import json_response
+from sidecar.names import TOOL_NAME
 from sidecar.net.body import read_body
 from sidecar.store.files import loads_strict
 
-__all__ = ["RestFacade", "openapi_document"]
-
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+__all__ = ["RestFacade", "add_rest_routes", "openapi_document"]
 
 
 def _tool_json(tool: ToolDef) -> dict[str, Any]:
@@ -40,17 +39,29 @@ def _tool_json(tool: ToolDef) -> dict[str, Any]:
     }
 
 
+def add_rest_routes(app: web.Application, facade: Callable[[web.Request], RestFacade]) -> None:
+    """The facade's routes; ``facade`` finds the app's facade for a request (built once the app starts)."""
+
+    async def list_tools(request: web.Request) -> web.Response:
+        return await facade(request).list_tools(request)
+
+    async def invoke(request: web.Request) -> web.Response:
+        return await facade(request).invoke(request)
+
+    async def openapi(request: web.Request) -> web.Response:
+        return await facade(request).openapi(request)
+
+    app.router.add_get("/api/v1/mcp/tools", list_tools)
+    app.router.add_post("/api/v1/mcp/tools/{name}/invoke", invoke)
+    app.router.add_get("/api/v1/openapi.json", openapi)
+
+
 class RestFacade:
     def __init__(self, *, registry: ToolRegistry, tools: ToolService, sessions: SessionStore, limits: Limits) -> None:
         self._registry = registry
         self._tools = tools
         self._sessions = sessions
         self._limits = limits
-
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/api/v1/mcp/tools", self.list_tools)
-        app.router.add_post("/api/v1/mcp/tools/{name}/invoke", self.invoke)
-        app.router.add_get("/api/v1/openapi.json", self.openapi)
 
     async def list_tools(self, request: web.Request) -> web.Response:
         session = self._sessions.get(request[PRINCIPAL].session_id)
@@ -62,7 +73,7 @@ class RestFacade:
         if session is None:
             raise EnvelopeRejected("this session has ended")
         name = request.match_info["name"]
-        if not _NAME.fullmatch(name):
+        if not TOOL_NAME.fullmatch(name):
             raise NotFound("no such tool")
         tool, decision = self._tools.decide_call(session, name)
         if tool is None:

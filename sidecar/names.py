@@ -1,0 +1,67 @@
+"""Names spelled in many places: route names, connector tool names, the tool-name pattern.
+
+Pure and dependency-free, so every layer can use the same spelling. A connector ``<id>`` lends its
+name to three things: its route ``connector:<id>`` (token and path ``/mcp/connectors/<id>``), its tools
+``mcp__<id>__<tool>`` and the grant pattern ``mcp__<id>__*`` that covers all of them. Connector ids have
+no ``__`` and no ``_`` at either end, so ``mcp__<id>__<tool>`` splits one way only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = [
+    "MAX_TOOL_NAME",
+    "PROXY_ROUTE",
+    "TOOL_NAME",
+    "connector_grant",
+    "connector_of_route",
+    "connector_route",
+    "connector_tool",
+    "split_connector_tool",
+]
+
+MAX_TOOL_NAME: Final = 64
+"""Longest tool name, whole (``mcp__<id>__<tool>`` included): what hosts and model APIs accept."""
+TOOL_NAME: Final = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOOL_NAME}}}")
+"""Every tool name, built-in or connector (use ``fullmatch``)."""
+
+PROXY_ROUTE: Final = "connector-proxy"
+"""The aggregated bus at ``/mcp`` (and the REST facade under ``/api/v1/``)."""
+
+_ROUTE_PREFIX: Final = "connector:"
+_TOOL_PREFIX: Final = "mcp__"
+_SEPARATOR: Final = "__"
+
+
+def connector_route(connector_id: str) -> str:
+    """The route of a connector's own endpoint, ``/mcp/connectors/<id>``."""
+    return f"{_ROUTE_PREFIX}{connector_id}"
+
+
+def connector_of_route(route: str) -> str | None:
+    """The connector whose own route this is; None for the bus or any other route."""
+    if route.startswith(_ROUTE_PREFIX) and len(route) > len(_ROUTE_PREFIX):
+        return route[len(_ROUTE_PREFIX) :]
+    return None
+
+
+def connector_tool(connector_id: str, tool: str) -> str:
+    """A connector's tool (or prompt) as the pool names it."""
+    return f"{_TOOL_PREFIX}{connector_id}{_SEPARATOR}{tool}"
+
+
+def connector_grant(connector_id: str) -> str:
+    """The grant pattern that covers every tool of one connector."""
+    return connector_tool(connector_id, "*")
+
+
+def split_connector_tool(name: str) -> tuple[str, str] | None:
+    """``mcp__<id>__<tool>`` → (id, tool); None when ``name`` is not a connector tool's name."""
+    if not name.startswith(_TOOL_PREFIX):
+        return None
+    connector_id, sep, tool = name[len(_TOOL_PREFIX) :].partition(_SEPARATOR)
+    if not sep or not connector_id or not tool:
+        return None
+    return connector_id, tool
