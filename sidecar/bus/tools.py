@@ -247,70 +247,69 @@ class ToolService:
         faithful relay forwards the call's whole request to the connector this way.
         """
         started = time.perf_counter()
-        keys = (session_key(session.id), *abort_keys)
         tool, decision = self.decide_call(session, name)
-        grant: str | None = None
+        call = _Call(
+            session=session,
+            name=name,
+            tool=tool,
+            decision=decision,
+            keys=(session_key(session.id), *abort_keys),
+            via=via,
+            ask=ask,
+            progress=progress,
+            execute=execute,
+        )
         try:
             if tool is None or decision.verdict is Verdict.DENY:
                 outcome = CallOutcome(tool=name, status="denied", text=NOT_AVAILABLE, decision=decision)
             else:
                 args = _clean_arguments(tool, arguments)
                 if isinstance(args, str):
-                    outcome = self._fail(tool, decision, "error", args)
+                    outcome = call.fail("error", args)
                 elif decision.verdict is Verdict.ASK:
-                    outcome, grant, session = await self._approve_then_run(
-                        session, tool, args, decision, keys, ask, progress, execute
-                    )
+                    outcome = await self._approve_then_run(call, args)
                 else:
-                    outcome = await self._run(session, tool, args, decision, keys, ask, progress, execute)
+                    outcome = await self._run(call, args)
         except asyncio.CancelledError:
             # The caller went away (client disconnect, revocation): still leave a record of the call.
-            aborted = CallOutcome(tool=name, status="aborted", text="call aborted", decision=decision)
-            self._record(session, tool, name, arguments, aborted, decision, started, via, grant)
+            self._record(call, arguments, CallOutcome(tool=name, status="aborted", text="call aborted"), started)
             raise
-        self._record(session, tool, name, arguments, outcome, decision, started, via, grant)
+        self._record(call, arguments, outcome, started)
         return outcome
 
-    async def _approve_then_run(
-        self,
-        session: Session,
-        tool: ToolDef,
-        args: dict[str, Any],
-        decision: Decision,
-        keys: tuple[Hashable, ...],
-        ask: Asker | None,
-        progress: Progress | None,
-        execute: ToolHandler | None,
-    ) -> tuple[CallOutcome, str | None, Session]:
+    async def _approve_then_run(self, call: _Call, args: dict[str, Any]) -> CallOutcome:
+        tool, decision = call.known_tool, call.decision
         digest = arguments_digest(args)
         kind = decision.kind or "confirm"
-        grant = self.approvals.consume(session_id=session.id, tool=tool.name, digest=digest, group=decision.group)
-        if grant is None and ask is not None:
-            answer = await self._ask(ask, Question(tool.name, kind, decision.group, _question_text(tool, kind)))
+        call.grant = self.approvals.consume(
+            session_id=call.session.id, tool=tool.name, digest=digest, group=decision.group
+        )
+        if call.grant is None and call.ask is not None:
+            answer = await self._ask(call.ask, Question(tool.name, kind, decision.group, _question_text(tool, kind)))
             if answer in (Answer.DECLINE, Answer.CANCEL):
-                return self._fail(tool, decision, "declined", f"the user declined {tool.name}"), None, session
+                return call.fail("declined", f"the user declined {tool.name}")
             if answer is not None:
-                grant = "elicited"
                 if answer is Answer.ACCEPT_REMEMBER and decision.group is not None:
-                    self.approvals.remember(session.id, decision.group)
+                    self.approvals.remember(call.session.id, decision.group)
                 # SECURITY: a human may take minutes; decide again from the live session before running.
-                live = self.sessions.alive(session.id)
+                live = self.sessions.alive(call.session.id)
                 if live is None:
-                    return self._fail(tool, decision, "aborted", "this session has ended"), None, session
-                session = live
-                _, again = self.decide_call(session, tool.name)
+                    return call.fail("aborted", "this session has ended")
+                call.session = live
+                _, again = self.decide_call(live, tool.name)
                 if again.verdict is Verdict.DENY:
-                    return self._fail(tool, again, "denied", NOT_AVAILABLE), None, session
-        if grant is None:
+                    return call.fail("denied", NOT_AVAILABLE, decision=again)
+                call.grant = "elicited"
+        if call.grant is None:
             approval = self.approvals.request(
-                session_id=session.id, tool=tool.name, digest=digest, kind=kind, group=decision.group
+                session_id=call.session.id, tool=tool.name, digest=digest, kind=kind, group=decision.group
             )
             remember = " (or add --remember session)" if decision.group is not None else ""
             text = (
                 f"{tool.name} needs the user's approval ({kind}). Ask the user to run "
                 f"`sidecar approvals allow {approval.id}`{remember}, then call it again with the same arguments."
             )
-            outcome = CallOutcome(
+            return CallOutcome(
                 tool=tool.name,
                 status="approval_required",
                 text=text,
@@ -319,8 +318,7 @@ class ToolService:
                 server=tool.server,
                 approval_id=approval.id,
             )
-            return outcome, None, session
-        return await self._run(session, tool, args, decision, keys, ask, progress, execute), grant, session
+        return await self._run(call, args)
 
     @staticmethod
     async def _ask(ask: Asker, question: Question) -> Answer | None:
@@ -332,32 +330,23 @@ class ToolService:
             logger.info("could not ask through the client for %s: %s", question.tool, exc)
             return None
 
-    async def _run(
-        self,
-        session: Session,
-        tool: ToolDef,
-        args: dict[str, Any],
-        decision: Decision,
-        keys: tuple[Hashable, ...],
-        ask: Asker | None,
-        progress: Progress | None = None,
-        execute: ToolHandler | None = None,
-    ) -> CallOutcome:
+    async def _run(self, call: _Call, args: dict[str, Any]) -> CallOutcome:
+        tool, session = call.known_tool, call.session
         context = CallContext(
             session_id=session.id,
             project_id=session.project_id,
             workspace=session.workspace,
-            bus=_SessionBus(self, session, ask, keys[1:], progress),
-            progress=progress,
+            bus=_SessionBus(self, session, call.ask, call.keys[1:], call.progress),
+            progress=call.progress,
         )
         revocation = _Revocation()
         failure: str | None = None
-        with self._inflight.track(keys, revocation):
+        with self._inflight.track(call.keys, revocation):
             try:
-                output = await (execute or tool.handler)(args, context)
+                output = await (call.execute or tool.handler)(args, context)
             except asyncio.CancelledError:
                 if revocation.withdraw():
-                    return self._fail(tool, decision, "aborted", REVOKED)
+                    return call.fail("aborted", REVOKED)
                 raise  # the caller was cancelled (client gone, shutdown), maybe as well: that wins
             except ToolError as exc:
                 failure = str(exc) or "tool failed"
@@ -365,9 +354,9 @@ class ToolService:
                 logger.exception("tool %s raised", tool.name)
                 failure = f"{tool.name} failed with an internal error"
         if revocation.withdraw():  # revoked, and the tool caught the cancellation instead of ending
-            return self._fail(tool, decision, "aborted", REVOKED)
+            return call.fail("aborted", REVOKED)
         if failure is not None:
-            return self._fail(tool, decision, "error", failure)
+            return call.fail("error", failure)
         if isinstance(output, CallOutcome):  # tool_call hands back the inner call's outcome as is
             return output
         text = output.text
@@ -381,48 +370,68 @@ class ToolService:
             status="error" if output.is_error else "ok",
             text=text,
             structured=structured,
-            decision=decision,
+            decision=call.decision,
             source=tool.source,
             server=tool.server,
             content=output.content,
             raw=output.raw,
         )
 
-    @staticmethod
-    def _fail(tool: ToolDef, decision: Decision, status: str, text: str) -> CallOutcome:
-        return CallOutcome(
-            tool=tool.name, status=status, text=text, decision=decision, source=tool.source, server=tool.server
-        )
-
-    def _record(
-        self,
-        session: Session,
-        tool: ToolDef | None,
-        name: str,
-        arguments: Mapping[str, Any] | None,
-        outcome: CallOutcome,
-        decision: Decision,
-        started: float,
-        via: str,
-        grant: str | None,
-    ) -> None:
+    def _record(self, call: _Call, arguments: Mapping[str, Any] | None, outcome: CallOutcome, started: float) -> None:
+        tool = call.tool
         try:
             self._audit.append(
                 "tool.call",
-                session=session.id,
-                tool=name[:128],
+                session=call.session.id,
+                tool=call.name[:128],
                 risk=tool.risk.value if tool is not None else None,
-                decision=decision.verdict.value,
-                rule=decision.rule,
-                grant=grant,
-                via=via,
+                decision=call.decision.verdict.value,
+                rule=call.decision.rule,
+                grant=call.grant,
+                via=call.via,
                 outcome=outcome.status,
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
                 args=shape_of(dict(arguments or {})) if isinstance(arguments, Mapping) else "invalid",
             )
         except Exception:
             # The audit write failing must not turn into a success the user cannot see: log loudly.
-            logger.exception("audit append failed for a call to %s", name)
+            logger.exception("audit append failed for a call to %s", call.name)
+
+
+@dataclass(slots=True)
+class _Call:
+    """The facts of one call as it moves from decision to approval to execution to its audit record."""
+
+    session: Session
+    """The live session record; replaced by a fresh one after waiting for a human."""
+    name: str
+    tool: ToolDef | None
+    decision: Decision
+    keys: tuple[Hashable, ...]
+    """In-flight keys: revoking any of them (the session, the route) aborts the call."""
+    via: str
+    ask: Asker | None
+    progress: Progress | None
+    execute: ToolHandler | None
+    grant: str | None = None
+    """What let an asking call run: a consumed approval's id, ``session`` (remembered) or ``elicited``."""
+
+    @property
+    def known_tool(self) -> ToolDef:
+        if self.tool is None:  # not an assert: the daemon runs with -OO, which strips them
+            raise RuntimeError(f"{self.name}: only a call to a known tool gets this far")
+        return self.tool
+
+    def fail(self, status: str, text: str, *, decision: Decision | None = None) -> CallOutcome:
+        tool = self.known_tool
+        return CallOutcome(
+            tool=tool.name,
+            status=status,
+            text=text,
+            decision=decision or self.decision,
+            source=tool.source,
+            server=tool.server,
+        )
 
 
 def _question_text(tool: ToolDef, kind: str) -> str:
