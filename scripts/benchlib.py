@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.service import DAEMON_PYTHON_FLAGS
+from sidecar.tuning import PYTHON_FLAGS
 
 START_TIMEOUT = 60.0
 """Seconds a server gets to start before the benchmark gives up."""
@@ -63,7 +63,7 @@ def sidecar_daemon(
     paths = Paths.resolve(env)
     errlog = (workdir / "sidecar.stderr").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, *DAEMON_PYTHON_FLAGS, *python_args, "-m", "sidecar", "serve", "--port", "0"],
+        [sys.executable, *PYTHON_FLAGS, *python_args, "-m", "sidecar", "serve", "--port", "0"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import fcntl
-import gc
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
-from typing import IO, Final
+from typing import IO
 
 from aiohttp import web
 
-from sidecar import __version__
+from sidecar import __version__, tuning
 from sidecar.app import build_app
 from sidecar.appkeys import Runtime
 from sidecar.auth.encoding import mint_token, token_digest
@@ -38,12 +35,9 @@ from sidecar.paths import Paths
 from sidecar.store.files import ensure_private_dir, remove_quietly, write_json
 from sidecar.store.runtime import read_runtime
 
-__all__ = ["GC_THRESHOLDS", "serve", "settle_collector"]
+__all__ = ["serve"]
 
 logger = logging.getLogger(__name__)
-
-GC_THRESHOLDS: Final = (10_000, 10, 10)
-"""The collector's generation thresholds once the daemon runs (``settle_collector``; Python's are 700, 10, 10)."""
 
 
 @contextlib.contextmanager
@@ -63,45 +57,11 @@ def _single_instance(paths: Paths) -> Iterator[IO[bytes]]:
         handle.close()
 
 
-def _release_startup_memory() -> None:
-    """Give back to the OS what start-up allocated and freed (imports, manifest parsing): a few MB of
-    idle RSS for a daemon that then mostly waits. glibc only; elsewhere a no-op."""
-    gc.collect()
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim.argtypes = [ctypes.c_size_t]
-    trim(0)
-
-
-def settle_collector() -> None:
-    """Tune the cyclic garbage collector for a process that is the daemon (``sidecar serve``), once it
-    has started. Both measured under load (scripts/bench_ab.py, callgrind on the daemon):
-
-    - ``gc.freeze()``: the ~110 000 objects alive after start-up (modules, classes, the app) are kept out
-      of every later collection. Without it a full collection walked all of them every few hundred
-      calls; they never become garbage anyway.
-    - A first-generation threshold of 10 000 instead of 700: every 2025-era request leaves about 60
-      objects in reference cycles (the SDK's SSE helper tasks end cancelled, with tracebacks), so the
-      collector ran every few calls; 3 % of the daemon's instructions went to it. The garbage waits a
-      little longer to be freed: a few hundred kB at most.
-
-    Not for a process that merely hosts ``serve()`` (the tests): freezing is for the process's life.
-    """
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
 def _listening_port(runner: web.AppRunner) -> int:
-    server = runner.server
-    for site in runner.sites:
-        sock_server = getattr(site, "_server", None)
-        for sock in getattr(sock_server, "sockets", ()) or ():
-            if sock.family == socket.AF_INET:
-                return int(sock.getsockname()[1])
-    raise RuntimeError(f"no listening socket on {server}")
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) == 2:  # (host, port): the IPv4 socket
+            return int(address[1])
+    raise RuntimeError(f"no listening IPv4 socket among {runner.addresses}")
 
 
 async def serve(
@@ -114,8 +74,8 @@ async def serve(
 ) -> int:
     """Run the daemon until a signal or a stop request; return the exit code.
 
-    ``dedicated``: this process exists to be the daemon (``sidecar serve``), so the garbage collector is
-    tuned for it once start-up is done (``settle_collector``).
+    ``dedicated``: this process exists to be the daemon (``sidecar serve``), so it is tuned for that once
+    start-up is done (``sidecar.tuning``).
     """
     with _single_instance(paths):
         ensure_private_dir(paths.config)
@@ -155,9 +115,7 @@ async def serve(
                 },
             )
             logger.info("sidecar %s listening on %s/mcp", __version__, url)
-            _release_startup_memory()
-            if dedicated:
-                settle_collector()
+            tuning.settle(dedicated=dedicated)
             if ready is not None:
                 ready.set()
             await runtime.stop_event.wait()

@@ -24,9 +24,9 @@ from typing import Final
 
 from sidecar.errors import ConfigError
 from sidecar.store.files import ensure_private_dir, remove_quietly, write_atomic
+from sidecar.tuning import PYTHON_FLAGS
 
 __all__ = [
-    "DAEMON_PYTHON_FLAGS",
     "LAUNCHD_LABEL",
     "SYSTEMD_UNIT",
     "ServiceResult",
@@ -36,11 +36,6 @@ __all__ = [
     "serve_argv",
     "uninstall",
 ]
-
-DAEMON_PYTHON_FLAGS: Final = ("-OO",)
-"""How the daemon's interpreter runs (scripts/run, the service units, the tests' and benchmarks' daemons).
-``-OO`` drops docstrings (and asserts), which the daemon never reads at run time: about 3 MB less idle
-RSS, most of it the MCP SDK's and its protocol types'. Connector processes do not inherit it."""
 
 SYSTEMD_UNIT: Final = "sidecar.service"
 LAUNCHD_LABEL: Final = "dev.sidecar.daemon"
@@ -210,7 +205,7 @@ def _target(platform: str, home: Path) -> Path:
 
 def serve_argv(python: str = sys.executable) -> list[str]:
     """The command that runs the daemon: ``python -OO -m sidecar serve``."""
-    return [python, *DAEMON_PYTHON_FLAGS, "-m", "sidecar", "serve"]
+    return [python, *PYTHON_FLAGS, "-m", "sidecar", "serve"]
 
 
 def _default_env() -> dict[str, str]:

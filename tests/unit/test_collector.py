@@ -1,4 +1,4 @@
-"""The daemon tunes the garbage collector of its own process only (``sidecar.daemon.settle_collector``)."""
+"""The daemon tunes the garbage collector of its own process only (``sidecar.tuning``)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 
 import sidecar.daemon
 from sidecar.cli import cmd_serve
-from sidecar.daemon import GC_THRESHOLDS
 from sidecar.paths import Paths
+from sidecar.tuning import GC_THRESHOLDS
 from tests.conftest import Daemon
 
 PROBE = """
 import gc
-from sidecar.daemon import GC_THRESHOLDS, settle_collector
+from sidecar.tuning import GC_THRESHOLDS, settle_collector
 survivor = [object() for _ in range(3)]
 before = (gc.get_threshold(), gc.get_freeze_count())
 settle_collector()

@@ -316,7 +316,8 @@ def test_an_unsupported_platform_is_a_config_error(tmp_path: Path, platform: str
 
 
 def test_every_way_of_running_the_daemon_uses_the_same_interpreter_flags() -> None:
-    from sidecar.service import DAEMON_PYTHON_FLAGS, serve_argv
+    from sidecar.service import serve_argv
+    from sidecar.tuning import PYTHON_FLAGS as DAEMON_PYTHON_FLAGS
 
     assert serve_argv("/py") == ["/py", *DAEMON_PYTHON_FLAGS, "-m", "sidecar", "serve"]
     run = (Path(__file__).resolve().parents[2] / "scripts" / "run").read_text()
