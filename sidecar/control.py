@@ -19,8 +19,7 @@ from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTI
 from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.names import PROXY_ROUTE, connector_route
-from sidecar.net.body import read_body
-from sidecar.store.files import loads_strict
+from sidecar.net.body import read_json
 
 __all__ = ["add_control_routes"]
 
@@ -50,14 +49,12 @@ class SessionChange(_Body):
 
 
 async def _parse(request: web.Request, model: type[_B]) -> _B:
-    body = await read_body(request, request.app[SETTINGS].limits)
+    _, data = await read_json(request, request.app[SETTINGS].limits, empty=b"{}")
     try:
-        return model.model_validate(loads_strict(body or b"{}"))
-    except ValueError as exc:
-        if isinstance(exc, ValidationError):
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-            raise RequestRejected(problems) from None
-        raise RequestRejected("body is not valid JSON") from None
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise RequestRejected(problems) from None
 
 
 def _url(request: web.Request) -> str:

@@ -8,6 +8,7 @@
     ├── RequestRejected                 400   bad_request         the request itself is malformed
     │   ├── BodyTooLarge                413   body_too_large
     │   ├── BodyTooDeep                 400   body_too_deep
+    │   ├── MalformedJson               400   parse_error         not JSON, NaN, a member named twice
     │   ├── ReadTimedOut                408   read_timeout
     │   └── UnsupportedMediaType        415   unsupported_media_type
     ├── Forbidden                       403   forbidden           network guard, envelope, policy
@@ -38,6 +39,7 @@ __all__ = [
     "FetchSiteRejected",
     "Forbidden",
     "HostRejected",
+    "MalformedJson",
     "NotFound",
     "OriginRejected",
     "ReadTimedOut",
@@ -77,6 +79,10 @@ class BodyTooLarge(RequestRejected):
 
 class BodyTooDeep(RequestRejected):
     code = "body_too_deep"
+
+
+class MalformedJson(RequestRejected):
+    code = "parse_error"
 
 
 class ReadTimedOut(RequestRejected):

@@ -17,7 +17,15 @@ from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from sidecar.errors import BodyTooLarge, HostRejected, ReadTimedOut, RequestRejected, SidecarError, Unauthorized
+from sidecar.errors import (
+    BodyTooLarge,
+    HostRejected,
+    MalformedJson,
+    ReadTimedOut,
+    RequestRejected,
+    SidecarError,
+    Unauthorized,
+)
 
 __all__ = ["JsonErrorRunner", "error_middleware", "error_response", "json_response"]
 
@@ -25,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 # JSON-RPC code per HTTP status for MCP-shaped errors (MCP has no registry of its own for these).
 _JSONRPC_CODES = {400: -32600, 401: -32001, 403: -32003, 404: -32004, 408: -32000, 413: -32600, 415: -32600}
+_PARSE_ERROR = -32700  # JSON-RPC 2.0: invalid JSON was received
 
 
 def json_response(payload: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -40,10 +49,11 @@ def error_response(path: str, err: SidecarError) -> web.Response:
         headers["WWW-Authenticate"] = 'Bearer realm="sidecar"'
     message = str(err) or err.code
     if path == "/mcp" or path.startswith("/mcp/"):
+        code = _PARSE_ERROR if isinstance(err, MalformedJson) else _JSONRPC_CODES.get(err.status, -32603)
         body: dict[str, object] = {
             "jsonrpc": "2.0",
             "id": None,
-            "error": {"code": _JSONRPC_CODES.get(err.status, -32603), "message": message, "data": err.code},
+            "error": {"code": code, "message": message, "data": err.code},
         }
     else:
         body = {"error": {"code": err.code, "message": message}}

@@ -19,8 +19,7 @@ from sidecar.edge.mcp import tool_control_id
 from sidecar.errors import EnvelopeRejected, Forbidden, NotFound, RequestRejected, UnsupportedMediaType
 from sidecar.http import json_response
 from sidecar.names import TOOL_NAME
-from sidecar.net.body import read_body
-from sidecar.store.files import loads_strict
+from sidecar.net.body import read_json
 
 __all__ = ["RestFacade", "add_rest_routes", "openapi_document"]
 
@@ -82,7 +81,8 @@ class RestFacade:
             raise Forbidden(f"{name} is not allowed in this session")
         if request.content_type != "application/json":
             raise UnsupportedMediaType("send Content-Type: application/json")
-        arguments = _parse_invoke_body(await read_body(request, self._limits))
+        _, data = await read_json(request, self._limits, empty=b"{}")
+        arguments = _invoke_arguments(data)
         outcome = await self._tools.call(session, name, arguments, via="rest", abort_keys=(route_key(principal.route),))
         return json_response(outcome.as_json())
 
@@ -90,11 +90,7 @@ class RestFacade:
         return json_response(openapi_document())
 
 
-def _parse_invoke_body(body: bytes) -> dict[str, Any]:
-    try:
-        data = loads_strict(body or b"{}")
-    except ValueError:  # UnicodeDecodeError is one
-        raise RequestRejected("body is not valid JSON") from None
+def _invoke_arguments(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict) or set(data) - {"arguments"}:
         raise RequestRejected('body must be {"arguments": {...}}')
     arguments = data.get("arguments", {})

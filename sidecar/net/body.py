@@ -1,20 +1,23 @@
-"""Bounded request bodies (SPEC §3): size, read time and JSON nesting depth, checked before any parser.
+"""Bounded request bodies (docs/contract.md §3): size, read time and JSON nesting depth, checked
+before any parser, and one strict JSON reading of every JSON body (MCP, REST, control).
 
-``json.loads`` raises ``RecursionError`` near depth 1000 (notes/security.md §0.7), and a slow client
-can hold a handler forever; both are answered here with a 4xx instead.
+``json.loads`` raises ``RecursionError`` near depth 1000, keeps the last of duplicate member names, and
+accepts ``NaN``; a slow client can hold a handler forever. All of these are answered here with a 4xx
+whose message says what is wrong without quoting the body.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import Any, Final
 
 from aiohttp import web
 
 from sidecar.config import Limits
-from sidecar.errors import BodyTooDeep, BodyTooLarge, ReadTimedOut, RequestRejected
+from sidecar.errors import BodyTooDeep, BodyTooLarge, MalformedJson, ReadTimedOut, RequestRejected
+from sidecar.store.files import StrictJsonError, loads_strict
 
-__all__ = ["json_depth_exceeds", "read_body"]
+__all__ = ["json_depth_exceeds", "read_body", "read_json"]
 
 _OPEN: Final = frozenset(b"[{")
 _CLOSE: Final = frozenset(b"]}")
@@ -47,6 +50,22 @@ async def read_body(request: web.Request, limits: Limits, *, json_body: bool = T
     if json_body and json_depth_exceeds(body, limits.max_json_depth):
         raise BodyTooDeep(f"JSON nested deeper than {limits.max_json_depth} levels")
     return body
+
+
+async def read_json(request: web.Request, limits: Limits, *, empty: bytes = b"") -> tuple[bytes, Any]:
+    """The body as sent and as read by the one strict JSON reader; ``empty`` stands for a missing body.
+
+    A body that is not JSON, holds ``NaN``, or names one member twice in any object is refused before
+    anything else parses it (``MalformedJson``): a later parser that kept the last of two ``"method"``
+    members would run what no check had read.
+    """
+    body = await read_body(request, limits) or empty
+    try:
+        return body, loads_strict(body)
+    except StrictJsonError as exc:
+        raise MalformedJson(f"body is not acceptable JSON: {exc.kind}") from None
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError; their text may quote the body
+        raise MalformedJson("body is not valid JSON") from None
 
 
 def json_depth_exceeds(body: bytes, limit: int) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 from sidecar.errors import StorageError
 
 __all__ = [
+    "StrictJsonError",
     "append_line",
     "ensure_private_dir",
     "loads_strict",
@@ -123,29 +124,51 @@ def write_json(path: Path, value: Any) -> None:
     write_atomic(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def loads_strict(raw: bytes | str) -> Any:
-    """JSON as a security-relevant file must be: no NaN/Infinity, no duplicate keys, bounded depth.
+class StrictJsonError(ValueError):
+    """What ``loads_strict`` refuses beyond ``json.loads``.
 
-    ``json.loads`` keeps the last of duplicate keys (a second ``"tools"`` or ``"command"`` would
-    silently win) and raises ``RecursionError`` on deep nesting; both become ``ValueError`` here.
+    ``str()`` names the offending member for a file the user wrote (``duplicate key 'tools'``);
+    ``kind`` says what is wrong without quoting anything, for answers to a request.
+    """
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+def loads_strict(raw: bytes | str) -> Any:
+    """JSON as every body and every security-relevant file must be: no NaN/Infinity, no duplicate
+    member names in any object, bounded depth.
+
+    ``json.loads`` keeps the last of duplicate keys (a second ``"method"`` or ``"command"`` would
+    silently win, so what a check read and what runs could differ) and raises ``RecursionError`` on deep
+    nesting. Here both raise ``ValueError``: ``json.JSONDecodeError`` for text that is not JSON, and
+    ``StrictJsonError`` for the rest. Member names are compared exactly: ``"Method"`` is another member.
     """
     try:
         return json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
     except RecursionError:
-        raise ValueError("nested too deeply") from None
+        raise StrictJsonError("it is nested too deeply", "nested too deeply") from None
 
 
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise StrictJsonError("NaN and Infinity are not JSON", f"{name} is not JSON")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key[:80]!r}")
-        result[key] = value
+    result = dict(pairs)
+    if len(result) != len(pairs):  # the common case costs one dict build and one comparison
+        raise StrictJsonError("an object names the same member twice", f"duplicate key {_repeated(pairs)[:80]!r}")
     return result
+
+
+def _repeated(pairs: list[tuple[str, Any]]) -> str:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    return ""
 
 
 def read_json(path: Path) -> Any:

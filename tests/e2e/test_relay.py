@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
@@ -121,3 +122,23 @@ async def test_2026_requests_share_one_process_that_ends_with_the_sidecar_sessio
         assert await _running(relayed) == 1
     await relayed.control("DELETE", f"/control/sessions/{session['session_id']}")
     await _until_running(relayed, 0)
+
+
+async def test_a_relayed_body_naming_a_member_twice_is_refused_before_the_connector_sees_it(relayed: Daemon) -> None:
+    session = await relayed.new_session(mode="bypass", connector="conformance")
+    body = (
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call",'
+        b'"params":{"name":"test_simple_text","arguments":{}}}'
+    )
+    headers = {
+        **session["headers"],
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    before = relayed.audit_bytes()
+    async with aiohttp.ClientSession() as http, http.post(session["url"], data=body, headers=headers) as reply:
+        assert reply.status == 400
+        error = (await reply.json())["error"]
+    assert error["code"] == -32700 and error["data"] == "parse_error"
+    assert relayed.audit_bytes() == before, "a refused body was audited"
+    assert await _running(relayed) == 0, "a refused body started the connector"

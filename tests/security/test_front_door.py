@@ -738,3 +738,65 @@ async def test_an_allowed_origin_still_gets_no_cors_headers(daemon_allowing_an_o
     reply = await _send(front.port, _encode(headers, _call_body()))
     assert reply.status == 200, reply  # the origin is allowed: the call goes through ...
     assert not [h for h in reply.headers if h.startswith("access-control-")], reply.headers  # ... no CORS
+
+
+# --- contract §3: one strict JSON reading of every body -----------------------------------------------
+
+_TWICE_AT_THE_TOP = (
+    b'{"jsonrpc":"2.0","id":1,"method":"tools/call",',
+    b'{"jsonrpc":"2.0","id":1,"method":"ping","method":"tools/call",',
+)
+
+
+@pytest.mark.parametrize(
+    ("original", "changed"),
+    [
+        pytest.param(*_TWICE_AT_THE_TOP, id="method-twice"),
+        pytest.param(
+            b'"params":{"name":"calculate",', b'"params":{"name":"tool_search","name":"calculate",', id="name-twice"
+        ),
+        pytest.param(b'"expression":"1+1"', b'"expression":"1+1","expression":"2+2"', id="argument-twice"),
+        pytest.param(b'"expression":"1+1"', b'"expression":"1+1","x":NaN', id="nan"),
+        pytest.param(b'"expression":"1+1"', b'"expression":"1+1",', id="not-json"),
+    ],
+)
+async def test_an_mcp_body_the_strict_reader_refuses_runs_nothing(
+    front: Front, original: bytes, changed: bytes
+) -> None:
+    body = _call_body()
+    assert original in body
+    reply = await _refused(
+        front, _encode(_call_headers(front), body.replace(original, changed)), status=400, code="parse_error"
+    )
+    assert reply.json()["error"]["code"] == -32700
+    assert b"tools/call" not in reply.body and b"calculate" not in reply.body, "the error quoted the body"
+
+
+async def test_a_member_name_in_another_case_is_not_that_member(front: Front) -> None:
+    # "Method" is not "method": the body has no method, so it is no call, whatever the SDK makes of it.
+    body = _call_body().replace(b'"method":"tools/call"', b'"Method":"tools/call"')
+    before = front.daemon.audit_bytes()
+    reply = await _send(front.port, _encode(_call_headers(front), body))
+    assert 400 <= reply.status < 500, reply
+    assert not _tool_calls(front.daemon), "a call ran without a method member"
+    assert front.daemon.audit_bytes() == before
+
+
+async def test_a_rest_body_naming_a_member_twice_is_refused(front: Front) -> None:
+    body = b'{"arguments":{"expression":"1+1"},"arguments":{"expression":"2+2"}}'
+    request = _encode(_call_headers(front), body, target="/api/v1/mcp/tools/calculate/invoke")
+    reply = await _refused(front, request, status=400, code="parse_error")
+    assert b"expression" not in reply.body
+
+
+async def test_a_control_body_naming_a_member_twice_is_refused(front: Front) -> None:
+    headers: Headers = [
+        ("Host", f"127.0.0.1:{front.port}"),
+        ("Authorization", f"Bearer {front.daemon.control_token}"),
+        ("Content-Type", "application/json"),
+    ]
+    workspace = json.dumps(str(front.daemon.workspace))
+    body = f'{{"workspace":{workspace},"mode":"read-only","mode":"bypass"}}'.encode()
+    sessions_before = await front.daemon.control("GET", "/control/sessions")
+    await _refused(front, _encode(headers, body, target="/control/sessions"), status=400, code="parse_error")
+    assert await front.daemon.control("GET", "/control/sessions") == sessions_before
