@@ -60,6 +60,13 @@ class Limits(_Frozen):
     max_headers: int = Field(default=128, ge=16, le=1024)
     """Most header fields in one request."""
 
+    head_read_timeout: float = Field(default=10.0, gt=0, le=300)
+    """Seconds a client may take to send a request's line and header fields, counted from the connection
+    (first request) or from the request's first byte (later ones); slower gets 408 and is cut off."""
+
+    keepalive_timeout: float = Field(default=75.0, gt=0, le=3600)
+    """Seconds an idle keep-alive connection stays open between requests."""
+
 
 class McpSettings(_Frozen):
     """The Streamable HTTP endpoint at ``/mcp``."""

@@ -92,6 +92,8 @@ async def serve(
             max_line_size=limits.max_header_bytes,
             max_field_size=limits.max_header_bytes,
             max_headers=limits.max_headers,
+            keepalive_timeout=limits.keepalive_timeout,
+            head_timeout=limits.head_read_timeout,
         )
         await runner.setup()
         loop = asyncio.get_running_loop()

@@ -8,8 +8,10 @@ reach the client.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from typing import Any, Final, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
@@ -82,13 +84,57 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return json_response({"error": {"code": "internal_error", "message": "internal error"}}, status=500)
 
 
-class _JsonErrorHandler(RequestHandler):  # type: ignore[misc]
-    """aiohttp's connection handler, answering parser-level rejections in our JSON shape.
+class _Connection(RequestHandler):  # type: ignore[misc]
+    """aiohttp's connection handler, with a deadline on each request's head and JSON rejections.
 
-    aiohttp's HTTP parser rejects some requests before any middleware runs (a duplicated singleton
-    header such as ``Host``, an oversized header line, a malformed request line) and answers them
-    in plain text. SPEC §3 wants a JSON error, and a 403 for a duplicated ``Host``.
+    **Head deadline.** aiohttp bounds neither the wait for a new connection's first request nor a head
+    sent a byte at a time: either holds a socket, and its handler task, forever. Here the line and
+    header fields of a request must arrive within ``head_timeout`` seconds, counted from the connection
+    (first request) or from the request's first byte (later requests on a kept-alive connection; an
+    idle one between requests is aiohttp's keep-alive timeout's). Late: a JSON 408, and the connection
+    is closed. One timer per connection, armed and disarmed from ``data_received``; nothing per route.
+
+    **Parser rejections.** aiohttp's HTTP parser refuses some requests before any middleware runs (a
+    duplicated singleton header such as ``Host``, an oversized header line, a malformed request line)
+    and answers them in plain text. The contract wants a JSON error, and a 403 for a duplicated ``Host``.
     """
+
+    head_timeout: float = 10.0
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm_head_deadline()
+
+    def data_received(self, data: bytes) -> None:
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:  # the parser produced a request: its head is complete
+            self._disarm_head_deadline()
+        elif self._head_timer is None and not self._request_in_progress and not self._messages:
+            self._arm_head_deadline()  # the first bytes of a later request's head
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm_head_deadline()
+        super().connection_lost(exc)
+
+    def _arm_head_deadline(self) -> None:
+        self._head_timer = self._loop.call_later(self.head_timeout, self._head_expired)
+
+    def _disarm_head_deadline(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        transport = self.transport
+        if transport is None or self._request_in_progress or self._messages:
+            return
+        # SECURITY: a client that never finishes its head must not hold a socket and a task forever.
+        logger.info("cut off a connection that sent no complete request head within %gs", self.head_timeout)
+        transport.write(_RAW_408)
+        self.force_close()
 
     def handle_error(
         self,
@@ -114,17 +160,42 @@ class _JsonErrorHandler(RequestHandler):  # type: ignore[misc]
         return response
 
 
-class _JsonErrorServer(web.Server):
+def _raw_408() -> bytes:
+    body = json.dumps({"error": {"code": ReadTimedOut.code, "message": "request head not received in time"}})
+    head = (
+        "HTTP/1.1 408 Request Timeout\r\n"
+        "Content-Type: application/json; charset=utf-8\r\n"
+        "X-Content-Type-Options: nosniff\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return (head + body).encode("ascii")
+
+
+_RAW_408: Final = _raw_408()
+
+
+class _Server(web.Server):
+    head_timeout: float = 10.0
+
     def __call__(self) -> RequestHandler:
-        return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
+        connection = _Connection(self, loop=self._loop, **self._kwargs)
+        connection.head_timeout = self.head_timeout
+        return connection
 
 
 class JsonErrorRunner(web.AppRunner):
-    """``web.AppRunner`` whose connections answer parser-level rejections as JSON (see above)."""
+    """``web.AppRunner`` whose connections bound the head read and answer parser rejections as JSON."""
+
+    def __init__(self, app: web.Application, *, head_timeout: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._head_timeout = head_timeout
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         # The Server is built by Application._make_handler; swapping its class only changes which
         # RequestHandler it creates per connection.
-        server.__class__ = _JsonErrorServer
+        server.__class__ = _Server
+        cast(_Server, server).head_timeout = self._head_timeout
         return server
