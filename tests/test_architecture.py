@@ -13,6 +13,7 @@ LAYERS = {
     "sidecar.errors": 0,
     "sidecar.paths": 0,
     "sidecar.config": 1,
+    "sidecar.validation": 1,
     "sidecar.store": 2,
     "sidecar.http": 3,
     "sidecar.net": 3,
