@@ -21,6 +21,7 @@ from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.net.body import read_body
 from sidecar.store.files import loads_strict
+from sidecar.validation import render_errors
 
 __all__ = ["add_control_routes"]
 
@@ -55,8 +56,7 @@ async def _parse(request: web.Request, model: type[_B]) -> _B:
         return model.model_validate(loads_strict(body or b"{}"))
     except ValueError as exc:
         if isinstance(exc, ValidationError):
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-            raise RequestRejected(problems) from None
+            raise RequestRejected(render_errors(exc, source="body")) from None
         raise RequestRejected("body is not valid JSON") from None
 
 
