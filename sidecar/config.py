@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sidecar.errors import ConfigError
+from sidecar.validation import Loc, quote, render_errors
 
 __all__ = [
     "LOOPBACK_HOST",
@@ -149,7 +150,7 @@ class Settings(_Frozen):
     def _loopback_only(cls, value: str) -> str:
         # SECURITY: the daemon's tokens are the only thing between a LAN peer and the user's tools.
         if value != LOOPBACK_HOST:
-            raise ValueError(f"sidecar binds {LOOPBACK_HOST} only; refusing to listen on {value!r}")
+            raise ValueError(f"sidecar binds {LOOPBACK_HOST} only; refusing to listen on {quote(value)}")
         return value
 
     @field_validator("allowed_origins")
@@ -169,11 +170,11 @@ def parse_origin(text: str) -> Origin:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"not an origin: {text!r}") from exc
+        raise ValueError(f"not an origin: {quote(text)}") from exc
     if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-        raise ValueError(f"not an origin (want http(s)://host[:port]): {text!r}")
+        raise ValueError(f"not an origin (want http(s)://host[:port]): {quote(text)}")
     if parts.path or parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(f"an origin has no path, query, fragment or user: {text!r}")
+        raise ValueError(f"an origin has no path, query, fragment or user: {quote(text)}")
     return (parts.scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[parts.scheme])
 
 
@@ -216,23 +217,22 @@ def load_settings(
     from_env = _from_env(os.environ if env is None else env)
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     merged = _deep_merge(_deep_merge(data, from_env), flags)
+
+    def source(loc: Loc) -> str:
+        """Where the value at ``loc`` came from: the flag, the env variable or the file that set it last."""
+        top = str(loc[0]) if loc else ""
+        if top in flags:
+            return f"--{top}"
+        if top in from_env:
+            return next(name for name, field in _ENV_FIELDS.items() if field == top)
+        if settings_file is not None and top in data:
+            return str(settings_file)
+        return "settings"
+
     try:
         return Settings.model_validate(merged)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(root)"
-            top = str(err["loc"][0]) if err["loc"] else ""
-            if top in flags:
-                source = f"--{top}"
-            elif top in from_env:
-                source = next(name for name, field in _ENV_FIELDS.items() if field == top)
-            elif settings_file is not None and top in data:
-                source = str(settings_file)
-            else:
-                source = "settings"
-            problems.append(f"{source}: {where}: {err['msg']}")
-        raise ConfigError("invalid settings: " + "; ".join(problems)) from exc
+        raise ConfigError("invalid settings: " + render_errors(exc, source=source)) from exc
 
 
 def check_bind_host(host: str) -> None:

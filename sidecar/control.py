@@ -20,6 +20,7 @@ from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.names import PROXY_ROUTE, connector_route
 from sidecar.net.body import read_json
+from sidecar.validation import render_errors
 
 __all__ = ["add_control_routes"]
 
@@ -53,8 +54,7 @@ async def _parse(request: web.Request, model: type[_B]) -> _B:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise RequestRejected(problems) from None
+        raise RequestRejected(render_errors(exc, source="body")) from None
 
 
 def _url(request: web.Request) -> str:

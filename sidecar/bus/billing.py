@@ -29,7 +29,9 @@ from typing import Annotated, ClassVar, Final
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from sidecar.errors import StorageError
+from sidecar.names import TOOL_NAME
 from sidecar.store.files import loads_strict, read_private
+from sidecar.validation import render_errors
 
 __all__ = [
     "MANIFEST_NAME",
@@ -48,9 +50,8 @@ UNVERIFIABLE: Final = "unverifiable"
 """The ``kind`` of a verdict the gate could not verify: approval is required and never remembered."""
 
 _MAX_MANIFEST_BYTES: Final = 1024 * 1024  # a manifest is a short list; anything bigger is a mistake
-_MAX_LOC_PART: Final = 64  # characters of one path segment quoted in an error (a bad key may be long)
 
-_ToolName = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
+_ToolName = Annotated[str, StringConstraints(pattern=f"^{TOOL_NAME.pattern}$")]
 
 
 class BillableTool(BaseModel):
@@ -119,13 +120,6 @@ class _Unexpected(Exception):
     """Wraps a bug met while loading, so the caller can log its traceback."""
 
 
-def _quote(part: object) -> str:
-    text = str(part)
-    if len(text) > _MAX_LOC_PART:
-        text = text[:_MAX_LOC_PART] + "…"
-    return text if text.isprintable() else repr(text)
-
-
 def load_manifest(path: Path) -> dict[str, BillableTool]:
     """Read and validate one manifest; return its tools by name.
 
@@ -140,11 +134,7 @@ def load_manifest(path: Path) -> dict[str, BillableTool]:
     try:
         manifest = _Manifest.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors(include_url=False, include_input=False):
-            where = ".".join(_quote(p) for p in err["loc"] if p != "[key]") or "(root)"
-            problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
-        raise StorageError(f"{path}: " + "; ".join(problems)) from exc
+        raise StorageError(render_errors(exc, source=str(path))) from exc
     return dict(manifest.tools)
 
 

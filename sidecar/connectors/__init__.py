@@ -1,7 +1,9 @@
 """Connectors: MCP servers the daemon runs behind its one endpoint (SPEC §5).
 
 ``manifests`` reads the three sources (packages, the user's ``mcp.json``, plugins) into one
-``ConnectorSpec`` shape; ``trustkey`` pins trust to a spec's launch config and package content.
+``ConnectorSpec`` shape (``spec``), validating each file as a pydantic model (``manifest_models``, whose
+values are the checked types of ``manifest_fields``); ``trustkey`` pins trust to a spec's launch config
+and package content.
 """
 
 from __future__ import annotations

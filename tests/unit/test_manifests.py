@@ -503,7 +503,7 @@ BROKEN_FILES: list[tuple[str, Breaker, str, str, str, set[str]]] = [
         ),
         "data/connectors/beta/connector.json",
         "tools.x.risk",
-        "must be one of LOW, MEDIUM, HIGH",
+        "must be 'LOW', 'MEDIUM' or 'HIGH', got 'low'",
         {"beta"},
     ),
     (

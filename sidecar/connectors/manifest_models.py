@@ -1,0 +1,250 @@
+"""The connector manifests as pydantic models: what each file may hold, declared once.
+
+``connector.json`` (``ConnectorFile``), a package's ``mcp.json`` (``PackageServersFile``), ``oauth-client.json``
+(``OAuthClientFile``), the user's ``mcp.json`` and a plugin's ``.mcp.json`` (``ServersFile``) and a plugin's
+``plugin.json`` (``PluginFile``). Every model is frozen, strict (``"yes"`` is not ``true``, ``1`` is not ``"1"``)
+and refuses unknown keys, since a typo must not be ignored; the keys agent hosts add to an entry
+(``disabled``, ``autoApprove``...) and Claude Code's plugin metadata are declared and ignored. The values
+themselves are the checked types of ``manifest_fields``.
+
+A file's ``mcpServers`` are held raw and each entry is validated on its own (``validate_entry``), so one
+broken entry hides no other. An entry is stdio (``StdioEntry``, ``{"command", "args", "env", "cwd"}``) or
+Streamable HTTP (``HttpEntry``, ``{"type": "http", "url", "headers"}``); ``entry_model`` picks by ``type``.
+Validate with a ``manifest_fields.Context`` as pydantic's context: some rules depend on where a file sits.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
+
+from sidecar.connectors.manifest_fields import (
+    ABSENT,
+    GIVEN,
+    ApiBaseUrl,
+    ClientSecret,
+    Command,
+    Context,
+    Cwd,
+    EnvName,
+    Headers,
+    HttpOnly,
+    LaunchText,
+    LaunchUrl,
+    OneServer,
+    PackageId,
+    PluginName,
+    Prose,
+    Risk,
+    ScopeToken,
+    ServerName,
+    StdioOnly,
+    Text,
+    ToolName,
+    UnknownTransport,
+    Url,
+    context_of,
+)
+
+__all__ = [
+    "ConnectorFile",
+    "HttpEntry",
+    "OAuthClientFile",
+    "PackageServersFile",
+    "PluginFile",
+    "ServersFile",
+    "StdioEntry",
+    "ToolEntry",
+    "entry_model",
+    "is_disabled",
+    "validate_entry",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, use_attribute_docstrings=True)
+
+
+# ---------------------------------------------------------------------------------------------- entries
+
+
+class _Entry(_Model):
+    """Keys agent hosts add to an entry; accepted and ignored, but for ``disabled``."""
+
+    disabled: bool = False
+    """``true`` skips the entry; a package's one server cannot be disabled."""
+    auto_approve: Any = Field(default=None, alias="autoApprove")
+    always_allow: Any = Field(default=None, alias="alwaysAllow")
+    timeout: Any = None
+    description: Any = None
+
+    @field_validator("disabled")
+    @classmethod
+    def _package_runs(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and context_of(info).kind == "package":
+            raise ValueError("a package's server cannot be disabled; untrust or remove the package")
+        return value
+
+
+class StdioEntry(_Entry):
+    """A server sidecar starts: argv is ``command`` + ``args``; ``env`` is added to a scrubbed environment."""
+
+    type: Literal["stdio"] | None = None
+    command: Command
+    args: list[LaunchText] = Field(default_factory=list)
+    env: dict[EnvName, LaunchText] = Field(default_factory=dict)
+    cwd: Annotated[Cwd | None, GIVEN] = None
+    url: HttpOnly = None
+    headers: HttpOnly = None
+
+
+class HttpEntry(_Entry):
+    """A Streamable HTTP server sidecar reaches at ``url``, sending ``headers``."""
+
+    type: Literal["http", "streamable-http"] | None = None
+    url: LaunchUrl
+    headers: Headers = Field(default_factory=dict)
+    command: StdioOnly = None
+    args: StdioOnly = None
+    env: StdioOnly = None
+    cwd: StdioOnly = None
+
+
+class _OtherTransport(_Entry, extra="allow"):
+    """An entry whose ``type`` names a transport sidecar does not run; it never validates."""
+
+    type: UnknownTransport
+
+
+_TRANSPORTS: Final[dict[object, type[_Entry]]] = {
+    "stdio": StdioEntry,
+    "http": HttpEntry,
+    "streamable-http": HttpEntry,
+}
+
+
+def entry_model(raw: object) -> type[_Entry]:
+    """The model for an ``mcpServers`` entry: by its ``type``, else HTTP when it has a ``url`` but no ``command``."""
+    if not isinstance(raw, dict):
+        return StdioEntry  # which refuses it as not an object
+    declared = raw.get("type")
+    if declared is None:
+        return HttpEntry if "url" in raw and "command" not in raw else StdioEntry
+    return _TRANSPORTS.get(declared, _OtherTransport) if isinstance(declared, str) else _OtherTransport
+
+
+_ENTRIES: Final[dict[type[_Entry], TypeAdapter[Any]]] = {
+    StdioEntry: TypeAdapter(dict[ServerName, StdioEntry]),
+    HttpEntry: TypeAdapter(dict[ServerName, HttpEntry]),
+    _OtherTransport: TypeAdapter(dict[ServerName, _OtherTransport]),
+}
+
+
+def validate_entry(name: str, raw: object, context: Context) -> StdioEntry | HttpEntry:
+    """One ``mcpServers`` entry with its name; a ``ValidationError`` is located from the name (``[name, ...]``)."""
+    entry = _ENTRIES[entry_model(raw)].validate_python({name: raw}, context=context)[name]
+    assert isinstance(entry, StdioEntry | HttpEntry)  # _OtherTransport never validates
+    return entry
+
+
+class _Switch(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+    disabled: bool = False
+
+
+def is_disabled(raw: object) -> bool:
+    """``"disabled": true``: the entry is skipped unread, even when broken. A bad ``disabled`` is not true."""
+    if not isinstance(raw, dict):
+        return False
+    try:
+        return _Switch.model_validate(raw).disabled
+    except ValidationError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+class ServersFile(_Model):
+    """The user's ``<config>/mcp.json`` or a plugin's ``.mcp.json``: ``{"mcpServers": {name: entry}}``."""
+
+    schema_: Any = Field(default=None, alias="$schema")
+    mcp_servers: dict[str, Any] = Field(default_factory=dict, alias="mcpServers")
+    """Each entry is validated on its own (``validate_entry``)."""
+
+
+class PackageServersFile(ServersFile):
+    """A package's ``mcp.json``: the same shape, with exactly one server."""
+
+    mcp_servers: OneServer = Field(default_factory=dict, alias="mcpServers", validate_default=True)
+
+
+class ToolEntry(_Model):
+    """How risky one of a package's tools is; unlisted tools get the default tier."""
+
+    risk: Risk
+
+
+class ConnectorFile(_Model):
+    """A package's ``connector.json``: who it is and how risky its tools are."""
+
+    schema_: Any = Field(default=None, alias="$schema")
+    id: PackageId
+    """The server name in ``mcp__<id>__<tool>``; the package directory's name."""
+    name: Text
+    type: Literal["mcp"]
+    description: Prose = ""
+    examples: list[Prose] = Field(default_factory=list)
+    version: Text | None = None
+    source: Text | None = None
+    tools: dict[ToolName, ToolEntry] = Field(default_factory=dict)
+    """Tool name → risk tier; ``mcp__<id>__<tool>`` must fit in 64 characters."""
+
+
+class OAuthClientFile(_Model):
+    """A package's ``oauth-client.json``: the authorization server (RFC 8414 metadata, or its endpoints)."""
+
+    client_secret: ClientSecret = Field(default=None, exclude=True)
+    """Refused whenever present; its value is never read nor repeated."""
+    schema_: Any = Field(default=None, alias="$schema", exclude=True)
+    metadata_url: Annotated[Url | None, GIVEN] = None
+    authorization_endpoint: Annotated[Url | None, GIVEN] = Field(default=ABSENT, validate_default=True)
+    token_endpoint: Annotated[Url | None, GIVEN] = Field(default=ABSENT, validate_default=True)
+    revocation_endpoint: Annotated[Url | None, GIVEN] = None
+    resource: Annotated[Url | None, GIVEN] = None
+    client_id: Text
+    api_base_url: ApiBaseUrl
+    scopes: list[ScopeToken] = Field(default_factory=list)
+
+    @field_validator("authorization_endpoint", "token_endpoint")
+    @classmethod
+    def _endpoints_or_metadata(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if "metadata_url" not in info.data:
+            return value  # metadata_url itself is wrong; its problem is the one to read
+        if value is not None and info.data["metadata_url"] is not None:
+            raise ValueError("give either metadata_url or authorization_endpoint + token_endpoint, not both")
+        if value is None and info.data["metadata_url"] is None:
+            raise ValueError("missing (or give metadata_url for RFC 8414 discovery)")
+        return value
+
+
+class PluginFile(_Model):
+    """A plugin's ``plugin.json``; Claude Code's metadata keys are accepted (one directory serves both)."""
+
+    name: Annotated[PluginName | None, GIVEN] = None
+    """Checked first: a plugin.json that claims another plugin refuses the whole plugin."""
+    schema_: Any = Field(default=None, alias="$schema")
+    version: Prose = ""
+    description: Prose = ""
+    mcp_servers: dict[str, Any] = Field(default_factory=dict, alias="mcpServers")
+    """Each entry is validated on its own (``validate_entry``), like a ``.mcp.json``'s."""
+    author: Any = None
+    homepage: Any = None
+    repository: Any = None
+    license: Any = None
+    keywords: Any = None
+    commands: Any = None
+    agents: Any = None
+    hooks: Any = None
+    skills: Any = None

@@ -1,0 +1,65 @@
+"""What a connector is once its manifest is validated: a ``ConnectorSpec``, or a ``ManifestProblem``.
+
+Plain frozen values, whatever the source (a package, the user's ``mcp.json``, a plugin); ``manifests``
+builds them and the rest of ``sidecar.connectors`` (trust keys, the pool, the proxy) reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["ConnectorSpec", "LaunchConfig", "ManifestProblem"]
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchConfig:
+    """How to start (stdio) or reach (Streamable HTTP) one MCP server; placeholders still unexpanded."""
+
+    transport: Literal["stdio", "http"]
+    command: str | None
+    """stdio: argv[0]. Never parsed by a shell: argv is ``command`` + ``args``."""
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    """stdio: what the entry declares, added to the scrubbed environment at spawn."""
+    cwd: str | None
+    url: str | None
+    """http: ``https://`` anywhere, ``http://`` only to a loopback host."""
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorSpec:
+    """One connector from any source, validated; trust is keyed on it (``trustkey.trust_key``)."""
+
+    id: str
+    """The server name in ``mcp__<id>__<tool>``: lowercase, at most ``manifest_fields.MAX_ID_LENGTH`` characters."""
+    kind: Literal["package", "user", "plugin"]
+    name: str
+    description: str
+    version: str | None
+    examples: tuple[str, ...]
+    launch: LaunchConfig
+    root: Path | None
+    """The package or plugin directory (``${SIDECAR_CONNECTOR_ROOT}``); ``None`` for user servers."""
+    origin: Path
+    """The file it came from."""
+    tool_risks: Mapping[str, str]
+    """Tool name → ``LOW`` | ``MEDIUM`` | ``HIGH`` from ``connector.json``; unlisted tools default elsewhere."""
+    oauth: Mapping[str, Any] | None
+    """Validated ``oauth-client.json``: every field of ``OAuthClientFile`` (``None`` when the file is absent)."""
+    billing_manifest: Path | None
+    """``<root>/high-credit-tools.json`` when it exists (the billing gate validates it, failing closed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestProblem:
+    """A file, entry or package that was refused; ``message`` has a line per fault, each naming file and field."""
+
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
