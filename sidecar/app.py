@@ -60,6 +60,7 @@ from sidecar.config import Settings
 from sidecar.connectors.manager import ConnectorManager
 from sidecar.connectors.pool import LaunchContext, PoolLimits
 from sidecar.connectors.service import ConnectorService
+from sidecar.connectors.watch import ConfigWatcher
 from sidecar.control import add_control_routes
 from sidecar.edge.endpoint import McpEndpoint
 from sidecar.edge.mcp import ChangeHub, build_mcp_server
@@ -70,6 +71,7 @@ from sidecar.names import PROXY_ROUTE
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.files import ensure_private_dir
 from sidecar.store.trust import TrustStore
 
 __all__ = ["billing_sources", "build_app"]
@@ -207,8 +209,17 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         ),
     )
     sessions.subscribe(lambda session, event: service.session_ended(session.id) if event == "ended" else None)
-    yield
-    await service.close()  # every connector process, bounded by each one's stop escalation
+    watched = [paths.config, paths.data / "plugins", paths.data / "connectors", SHIPPED_CONNECTORS]
+    for directory in watched[1:3]:
+        ensure_private_dir(directory)
+    watcher = ConfigWatcher(
+        directories=watched if limits.watch else (),
+        refresh=manager.refresh,
+        sources=lambda: [c.spec.origin for c in manager.list()],
+    )
+    async with watcher.run():
+        yield
+        await service.close()  # every connector process, bounded by each one's stop escalation
 
 
 async def _edge(app: web.Application) -> AsyncIterator[None]:

@@ -123,6 +123,10 @@ class ConnectorSettings(_Frozen):
     idle_seconds: float = Field(default=900.0, ge=5)
     """A connector process unused this long is stopped (the next call starts it again)."""
 
+    watch: bool = True
+    """Re-read connector configs and packages when their files change (within about a second). Off, an
+    edit takes effect at the next ``connectors list`` or spawn, which always checks trust against disk."""
+
 
 class Settings(_Frozen):
     """Everything the daemon reads at start."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from sidecar.connectors.manifests import ConnectorSpec, ManifestProblem, discover, load_package
 from sidecar.connectors.trustkey import trust_key
-from sidecar.errors import Conflict, NotFound, RequestRejected, SidecarError
+from sidecar.errors import Conflict, NotFound, RequestRejected, SidecarError, ToolError
 from sidecar.store.files import ensure_private_dir
 from sidecar.store.trust import TrustStore
 
@@ -47,6 +47,8 @@ class Connector:
     state: ConnectorState
     error: str | None = None
     tool_drift: dict[str, str] = field(default_factory=dict)
+    config_problem: str | None = None
+    """Why its source is refused now; the last good config stays in force meanwhile."""
 
     @property
     def id(self) -> str:
@@ -68,6 +70,7 @@ class Connector:
             "state": state.value,
             "transport": launch.transport,
             "error": self.error,
+            "config_problem": self.config_problem,
             "running": running,
         }
         if detail:
@@ -121,12 +124,18 @@ class ConnectorManager:
     # -- reading -------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Re-read every source and recompute each connector's key and state."""
+        """Re-read every source and recompute each connector's key and state.
+
+        A connector whose config or package changed loses its trust (``changed``); one that is gone is
+        withdrawn. A source that is refused now (a corrupt edit, a half-written file) keeps its last
+        good connectors in force, each saying why in ``config_problem``: a bad edit loses nothing.
+        """
         specs, problems = discover(
             package_dirs=self._package_dirs, user_config=self._user_config, plugins_dir=self._plugins_dir
         )
         previous = self._connectors
         fresh: dict[str, Connector] = {}
+        changed: list[Connector] = []
         for spec in specs:
             try:
                 key = trust_key(spec)
@@ -134,20 +143,47 @@ class ConnectorManager:
                 problems.append(ManifestProblem(spec.origin, str(exc)))
                 continue
             old = previous.get(spec.id)
+            if old is not None and old.key == key and old.spec == spec:
+                # Unchanged: the same object, so what others hold (its tool drift) stays current.
+                old.state, old.config_problem = self._state_for(spec.id, key), None
+                fresh[spec.id] = old
+                continue
             connector = Connector(spec=spec, key=key, state=self._state_for(spec.id, key))
             if old is not None:
                 connector.tool_drift = old.tool_drift if old.key == key else {}
                 if old.key != key and old.trusted:
                     logger.warning("connector %s changed since it was trusted; it needs trust again", spec.id)
-                    self._emit(connector, "changed")
+                    changed.append(connector)
             fresh[spec.id] = connector
         for gone in previous.keys() - fresh.keys():
-            if previous[gone].trusted:
-                self._emit(previous[gone], "changed")
+            old = previous[gone]
+            problem = _problem_of(old.spec, problems)
+            if problem is not None:
+                old.config_problem = problem.message
+                fresh[gone] = old
+            elif old.trusted:
+                changed.append(old)
+        for problem in problems:
+            if problem not in self.problems:
+                logger.warning("connector manifest refused: %s", problem)
         self._connectors = fresh
         self.problems = problems
-        for problem in problems:
-            logger.warning("connector manifest refused: %s", problem)
+        for connector in changed:
+            self._emit(connector, "changed")
+
+    def admit(self, spec: ConnectorSpec) -> None:
+        """Refuse to start ``spec`` unless it is still exactly what the user trusted.
+
+        Called before every spawn: it re-reads every source (a package file is re-hashed only where its
+        ``stat`` changed), so an edit that no watcher reported is caught here, before its code runs.
+        """
+        self.refresh()
+        connector = self._connectors.get(spec.id)
+        if connector is None or not connector.trusted or connector.spec != spec:
+            raise ToolError(
+                f"connector {spec.id} changed since it was trusted; it will not start until the user "
+                f"reviews it and runs: sidecar connectors trust {spec.id}"
+            )
 
     def _state_for(self, connector_id: str, key: str) -> ConnectorState:
         if self._trust.is_trusted(key):
@@ -215,3 +251,11 @@ class ConnectorManager:
                 listener(connector, event)
             except Exception:
                 logger.exception("connector listener failed on %s", event)
+
+
+def _problem_of(spec: ConnectorSpec, problems: builtins.list[ManifestProblem]) -> ManifestProblem | None:
+    """The refusal of the file or package ``spec`` came from, if its source is refused now."""
+    for problem in problems:
+        if problem.path == spec.origin or (spec.root is not None and problem.path.is_relative_to(spec.root)):
+            return problem
+    return None

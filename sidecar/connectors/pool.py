@@ -193,8 +193,10 @@ class ConnectorPool:
         on_change: ChangeCallback | None = None,
         clock: Callable[[], float] = time.monotonic,
         count: Callable[[str | None], int] | None = None,
+        admit: Callable[[ConnectorSpec], None] | None = None,
     ) -> None:
-        """``count`` counts processes against the caps when others than the pool's own run too (the relay's)."""
+        """``count`` counts processes against the caps when others than the pool's own run too (the relay's);
+        ``admit`` raises ``ToolError`` unless a spec may start now (its trust still holds on disk)."""
         self._limits = limits or PoolLimits()
         self._process_limits = process_limits or ProcessLimits()
         self._slots: dict[tuple[str, str], _Slot] = {}
@@ -202,6 +204,7 @@ class ConnectorPool:
         self._clock = clock
         self._reaper: asyncio.Task[None] | None = None
         self._count = count or self.running
+        self._admit = admit or (lambda spec: None)
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -246,6 +249,7 @@ class ConnectorPool:
             wait = slot.retry_at - self._clock()
             if wait > 0:
                 raise ToolError(f"connector {spec.id} crashed and restarts in {wait:.0f}s; try again then")
+            self._admit(spec)  # SECURITY: every spawn, restarts included, checks trust against the disk
             self.check_caps(spec.id)
             slot.spec, slot.plan = spec, plan
             ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()

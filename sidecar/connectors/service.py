@@ -51,8 +51,18 @@ class ConnectorService:
         self._routes = routes
         self._notify = notify
         # The pool's processes and the relay's connections count against the same caps (``running``).
-        self.pool = ConnectorPool(limits=limits, on_change=lambda session_id, _: notify(session_id), count=self.running)
-        self.upstreams = Upstreams(context=context, start_timeout=limits.start_timeout, check_caps=self.pool.check_caps)
+        self.pool = ConnectorPool(
+            limits=limits,
+            on_change=lambda session_id, _: notify(session_id),
+            count=self.running,
+            admit=manager.admit,
+        )
+        self.upstreams = Upstreams(
+            context=context,
+            start_timeout=limits.start_timeout,
+            check_caps=self.pool.check_caps,
+            admit=manager.admit,
+        )
         self.tools = ConnectorTools(
             registry=registry,
             manager=manager,

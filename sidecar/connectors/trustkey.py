@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import stat
+import time
 from pathlib import Path
 from typing import Final
 
@@ -69,6 +70,33 @@ def _file_sha256(path: Path, budget: int) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+class _DigestCache:
+    """File digests remembered by what ``stat`` says of the file, as git's index does: a file whose
+    device, inode, size, mtime and ctime are unchanged is not read again. Every write changes ctime, so
+    a changed file is always re-read; a file modified in the last ``_RACY_SECONDS`` is never cached,
+    since a second write within the clock's granularity could leave every stamp as it was."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._entries: dict[tuple[str, int, int, int, int, int], tuple[str, int]] = {}
+
+    def digest(self, path: Path, info: os.stat_result, budget: int) -> tuple[str, int]:
+        key = (str(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        cached = self._entries.get(key)
+        if cached is not None and cached[1] <= budget:
+            return cached
+        found = _file_sha256(path, budget)
+        if time.time() - info.st_mtime > _RACY_SECONDS:
+            if len(self._entries) >= self._limit:
+                del self._entries[next(iter(self._entries))]  # the oldest entry
+            self._entries[key] = found
+        return found
+
+
+_RACY_SECONDS: Final = 2.0
+_DIGESTS: Final = _DigestCache(limit=4 * MAX_PACKAGE_FILES)
+
+
 def _record(path: Path, root: Path, info: os.stat_result, budget: int) -> tuple[tuple[str, str, str, bool], int]:
     """(relative path, kind, sha256, executable) of one non-directory entry, and the bytes it read."""
     rel = path.relative_to(root).as_posix()
@@ -76,7 +104,7 @@ def _record(path: Path, root: Path, info: os.stat_result, budget: int) -> tuple[
         target = os.fsencode(os.readlink(path))
         return (rel, "link", hashlib.sha256(target).hexdigest(), False), 0
     if stat.S_ISREG(info.st_mode):
-        digest, size = _file_sha256(path, budget)
+        digest, size = _DIGESTS.digest(path, info, budget)
         return (rel, "file", digest, bool(info.st_mode & 0o111)), size
     raise ConfigError(f"{path}: not a regular file, directory or symlink; remove it from the package")
 
@@ -84,8 +112,10 @@ def _record(path: Path, root: Path, info: os.stat_result, budget: int) -> tuple[
 def package_digest(root: Path) -> str:
     """sha256 over every file under ``root``: sorted (relative posix path, kind, sha256, executable bit).
 
-    Skips ``__pycache__/``, ``.git/``, ``node_modules/`` and ``*.pyc``. A symlink counts as its link text
-    and is never followed; a FIFO, socket or device is refused (its content is not fixed). Bounded:
+    Computed at trust time and again before every spawn, so it must be cheap: a file whose ``stat`` is
+    unchanged since it was last hashed is not read again (``_DigestCache``). Skips ``__pycache__/``,
+    ``.git/``, ``node_modules/`` and ``*.pyc``. A symlink counts as its link text and is never
+    followed; a FIFO, socket or device is refused (its content is not fixed). Bounded:
     more than ``MAX_PACKAGE_FILES`` files (or directories) or ``MAX_PACKAGE_BYTES`` raise ``ConfigError``,
     as does anything unreadable. Empty directories do not count.
     """

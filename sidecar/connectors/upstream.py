@@ -232,8 +232,10 @@ class Upstreams:
         context: Callable[[str, str], LaunchContext],
         start_timeout: float,
         check_caps: Callable[[str], None],
+        admit: Callable[[ConnectorSpec], None],
     ) -> None:
         self._context = context
+        self._admit = admit
         self._start_timeout = start_timeout
         self._check_caps = check_caps
         self._open: dict[Upstream, tuple[str, str]] = {}
@@ -249,7 +251,9 @@ class Upstreams:
         )
 
     async def open(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
-        """A new connection of the session's own; ``ToolError`` when a cap is reached or it cannot start."""
+        """A new connection of the session's own; ``ToolError`` when a cap is reached, its trust no longer
+        holds on disk (``admit``), or it cannot start."""
+        self._admit(spec)
         self._check_caps(spec.id)
         upstream = Upstream(launch_plan(spec, self._context(session_id, workspace)), name=spec.id)
         self._open[upstream] = (session_id, spec.id)
