@@ -206,6 +206,7 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
             total=limits.max_total,
             idle_seconds=limits.idle_seconds,
             start_timeout=limits.start_timeout,
+            per_session=limits.session_share,
         ),
     )
     sessions.subscribe(lambda session, event: service.session_ended(session.id) if event == "ended" else None)

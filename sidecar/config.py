@@ -120,12 +120,24 @@ class ConnectorSettings(_Frozen):
     max_total: int = Field(default=128, ge=1, le=4096)
     """Most connector processes in all."""
 
+    max_per_session: int = Field(default=4, ge=1, le=1024)
+    """Most processes one sidecar session may hold of one connector (each 2025-era MCP session on a
+    connector's own route has one). At the cap, that session's least recently used idle one gives way.
+    Kept below ``max_per_connector`` whatever it says (``session_share``), so one client cannot take a
+    connector from everyone."""
+
     idle_seconds: float = Field(default=900.0, ge=5)
     """A connector process unused this long is stopped (the next call starts it again)."""
 
     watch: bool = True
     """Re-read connector configs and packages when their files change (within about a second). Off, an
     edit takes effect at the next ``connectors list`` or spawn, which always checks trust against disk."""
+
+    @property
+    def session_share(self) -> int:
+        """``max_per_session``, kept below ``max_per_connector`` (unless that is 1): one session may
+        never hold every process of a connector."""
+        return min(self.max_per_session, max(1, self.max_per_connector - 1))
 
 
 class Settings(_Frozen):

@@ -71,6 +71,8 @@ class PoolLimits:
     total: int = 128
     idle_seconds: float = 900.0
     start_timeout: float = START_TIMEOUT
+    per_session: int = 4
+    """Relayed connections one session may hold of one connector (the pool keeps one per session)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,8 @@ class ConnectorService:
             start_timeout=limits.start_timeout,
             check_caps=self.pool.check_caps,
             admit=manager.admit,
+            per_session=limits.per_session,
+            idle_seconds=limits.idle_seconds,
         )
         self.tools = ConnectorTools(
             registry=registry,

@@ -72,6 +72,12 @@ class Upstream:
         self.standalone: Sink | None = None
         self._lost = False
         self.last_used = time.monotonic()
+        self._in_flight = 0
+
+    @property
+    def idle(self) -> bool:
+        """No request of a client is waiting on it (an open GET stream does not count)."""
+        return self._in_flight == 0
 
     @property
     def alive(self) -> bool:
@@ -115,6 +121,7 @@ class Upstream:
         options: CallOptions = {**(opts or {}), "request_id": ours}
         if origin is not None:
             self._requests[ours] = origin
+        self._in_flight += 1
         try:
             # A task of its own (wait_for): the SDK server cancels a handler again at every checkpoint
             # (anyio scopes), and only a separate task lets the dispatcher's notifications/cancelled
@@ -129,6 +136,8 @@ class Upstream:
             reason = (self._process.exit_reason if self._process is not None else None) or "connection closed"
             raise MCPError(code=INTERNAL_ERROR, message=f"connector {self.name} stopped ({reason})") from None
         finally:
+            self._in_flight -= 1
+            self.last_used = time.monotonic()
             self._requests.pop(ours, None)
 
     async def notify(self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None) -> None:
@@ -219,11 +228,16 @@ class Upstream:
 
 
 class Upstreams:
-    """Every relayed connection, by (sidecar session, connector): opened, counted, closed with them.
+    """Every relayed connection, by (sidecar session, connector): opened, counted, reaped, closed.
 
     A 2025-era MCP session opens one of its own (``open``; the relay drops it when that MCP session
     ends); 2026-07-28 requests share one per (session, connector) (``shared``). They count against the
     same caps as the pool's processes (``check_caps``) and die with their session or their trust.
+
+    Most clients never send DELETE when they crash or reconnect, so connections are bounded per session
+    too: a session holds at most ``per_session`` of one connector, and at any cap the least recently
+    used idle connection *of the same session* gives way before anything is refused. Connections idle
+    for ``idle_seconds`` are closed like the pool's processes.
     """
 
     def __init__(
@@ -233,14 +247,19 @@ class Upstreams:
         start_timeout: float,
         check_caps: Callable[[str], None],
         admit: Callable[[ConnectorSpec], None],
+        per_session: int = 4,
+        idle_seconds: float = 900.0,
     ) -> None:
         self._context = context
         self._admit = admit
         self._start_timeout = start_timeout
         self._check_caps = check_caps
+        self._per_session = per_session
+        self._idle_seconds = idle_seconds
         self._open: dict[Upstream, tuple[str, str]] = {}
         self._shared: dict[tuple[str, str], Upstream] = {}
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
+        self._reaper: asyncio.Task[None] | None = None
 
     def running(self, connector_id: str | None = None) -> int:
         """Live connections (a dead one stays registered until its MCP session ends, but runs nothing)."""
@@ -251,10 +270,10 @@ class Upstreams:
         )
 
     async def open(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
-        """A new connection of the session's own; ``ToolError`` when a cap is reached, its trust no longer
-        holds on disk (``admit``), or it cannot start."""
+        """A new connection of the session's own; ``ToolError`` when a cap is reached and nothing of this
+        session can give way, when its trust no longer holds on disk (``admit``), or it cannot start."""
         self._admit(spec)
-        self._check_caps(spec.id)
+        await self._make_room(session_id, spec.id)
         upstream = Upstream(launch_plan(spec, self._context(session_id, workspace)), name=spec.id)
         self._open[upstream] = (session_id, spec.id)
         try:
@@ -262,7 +281,34 @@ class Upstreams:
         except BaseException:
             self._open.pop(upstream, None)
             raise
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap(), name="relay-idle-reaper")
         return upstream
+
+    async def _make_room(self, session_id: str, connector_id: str) -> None:
+        """Close this session's least recently used idle connections until one more fits every cap."""
+        while True:
+            mine = [u for u, (sid, cid) in self._open.items() if sid == session_id and cid == connector_id]
+            try:
+                if sum(1 for u in mine if u.alive) >= self._per_session:
+                    raise ToolError(
+                        f"this session already holds {self._per_session} connections to {connector_id}; "
+                        "end an MCP session (DELETE) or wait until one is idle"
+                    )
+                self._check_caps(connector_id)
+                return
+            except ToolError:
+                # Prefer this connector's own; at the total cap any connector of this session will do.
+                idle = [u for u in mine if u.idle] or [
+                    u for u, (sid, _) in self._open.items() if sid == session_id and u.idle
+                ]
+                if not idle:
+                    raise
+                oldest = min(idle, key=lambda u: u.last_used)
+                logger.info(
+                    "closing the least recently used idle connection to %s of a session at its cap", oldest.name
+                )
+                await self.drop(oldest)
 
     async def shared(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
         """The session's one connection to ``spec`` for self-contained (2026-07-28) requests."""
@@ -292,8 +338,24 @@ class Upstreams:
         await self._close_where(lambda key: key[1] == connector_id)
 
     async def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
         await self._close_where(lambda key: True)
 
     async def _close_where(self, match: Callable[[tuple[str, str]], bool]) -> None:
         doomed = [upstream for upstream, key in self._open.items() if match(key)]
         await asyncio.gather(*(self.drop(upstream) for upstream in doomed))
+
+    async def _reap(self) -> None:
+        interval = max(1.0, min(60.0, self._idle_seconds / 4))
+        while self._open:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            stale = [u for u in self._open if u.idle and now - u.last_used > self._idle_seconds]
+            for upstream in stale:
+                logger.info(
+                    "closing a relayed connection to %s idle for %.0fs", upstream.name, now - upstream.last_used
+                )
+            await asyncio.gather(*(self.drop(upstream) for upstream in stale))
