@@ -15,6 +15,7 @@ LAYERS = {
     "sidecar.errors": 0,
     "sidecar.paths": 0,
     "sidecar.names": 0,
+    "sidecar.system": 0,
     "sidecar.config": 1,
     "sidecar.validation": 1,
     "sidecar.store": 2,
