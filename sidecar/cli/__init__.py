@@ -73,7 +73,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
-    from sidecar.store.runtime import pid_alive
+    from sidecar.system import pid_alive
 
     client = _client(paths)
     pid = client.runtime["pid"]

@@ -55,6 +55,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 
 from sidecar.errors import NotFound, StorageError
 from sidecar.store.files import loads_strict, read_private, remove_quietly, write_atomic
+from sidecar.system import pid_alive
 
 __all__ = [
     "EVENT_GRANTED",
@@ -205,18 +206,6 @@ def _serialize(records: Mapping[str, TrustRecord]) -> bytes:
 def _now() -> str:
     """RFC 3339, UTC, milliseconds: ``2025-01-02T03:04:05.678Z``."""
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a pid we can reason about: leave its file alone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):
-        return True  # EPERM: someone else's live process; or not a pid at all: leave the file alone
-    return True
 
 
 # --- the store -----------------------------------------------------------------------------------------
@@ -428,7 +417,7 @@ class TrustStore:
             return
         for entry in entries:
             match = pattern.fullmatch(entry.name)
-            if match is None or int(match[1]) == os.getpid() or _pid_alive(int(match[1])):
+            if match is None or int(match[1]) == os.getpid() or pid_alive(int(match[1])):
                 continue
             try:
                 info = entry.stat(follow_symlinks=False)
