@@ -16,6 +16,7 @@ LAYERS = {
     "sidecar.paths": 0,
     "sidecar.names": 0,
     "sidecar.system": 0,
+    "sidecar.canonical": 0,
     "sidecar.config": 1,
     "sidecar.validation": 1,
     "sidecar.store": 2,

@@ -46,13 +46,14 @@ import stat
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
+from sidecar.canonical import canonical_json, utc_timestamp
 from sidecar.errors import NotFound, StorageError
 from sidecar.store.files import loads_strict, read_private, remove_quietly, write_atomic
 from sidecar.system import pid_alive
@@ -104,7 +105,7 @@ def tool_fingerprint(tool: Mapping[str, Any]) -> str:
     A missing field counts as ``null``; key order does not matter. Other fields do not change it.
     """
     subset = {field: tool.get(field) for field in _FINGERPRINT_FIELDS}
-    return hashlib.sha256(_canonical(subset)).hexdigest()
+    return hashlib.sha256(canonical_json(subset)).hexdigest()
 
 
 # --- the file format -----------------------------------------------------------------------------------
@@ -168,10 +169,6 @@ class _Document(BaseModel):
         return self
 
 
-def _canonical(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
-
-
 def _parse(raw: bytes, path: Path) -> dict[str, TrustRecord]:
     """Strict JSON + schema → records; ``StorageError`` naming the file and the first problem."""
     try:
@@ -201,11 +198,6 @@ def _serialize(records: Mapping[str, TrustRecord]) -> bytes:
     }
     text = json.dumps(document, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False)
     return (text + "\n").encode("ascii")
-
-
-def _now() -> str:
-    """RFC 3339, UTC, milliseconds: ``2025-01-02T03:04:05.678Z``."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # --- the store -----------------------------------------------------------------------------------------
@@ -261,7 +253,7 @@ class TrustStore:
             replaced = sorted(k for k, r in base.items() if r.name == name and k != key)
             if existing is not None and existing.name == name and not replaced:
                 return existing
-            record = TrustRecord(key=key, name=name, trusted_at=_now(), tools=MappingProxyType({}))
+            record = TrustRecord(key=key, name=name, trusted_at=utc_timestamp(), tools=MappingProxyType({}))
             records = {k: r for k, r in base.items() if k not in replaced}
             records[key] = record
             self._commit(records, previous)
