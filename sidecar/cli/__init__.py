@@ -210,7 +210,7 @@ def cmd_approvals_deny(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_audit(args: argparse.Namespace, paths: Paths) -> int:
-    from sidecar.store.audit import verify
+    from sidecar.store.auditverify import verify
 
     if args.verify:
         report = verify(paths.audit_file)
