@@ -223,9 +223,6 @@ class ConnectorPool:
         slot = self._slots.get((session_id, connector_id))
         return slot.error if slot is not None else None
 
-    def pids(self) -> list[int]:
-        return [s.process.pid for s in self._slots.values() if s.process is not None and s.process.pid is not None]
-
     # -- getting a client ----------------------------------------------------------------------
 
     async def client(self, session_id: str, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> ClientSession:

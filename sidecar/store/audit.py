@@ -300,12 +300,6 @@ class AuditLog:
                 self._head_at = now
         return record
 
-    def flush_head(self) -> None:
-        """Write the head now (e.g. before a backup); ``close()`` does it too."""
-        with self._lock:
-            if self._unflushed:
-                self._write_head()
-
     def _write_head(self) -> None:
         body = json.dumps({"seq": self._seq, "hash": self._last_hash}, sort_keys=True) + "\n"
         write_atomic(self.head_path, body.encode("ascii"))
