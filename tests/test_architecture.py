@@ -17,6 +17,7 @@ LAYERS = {
     "sidecar.names": 0,
     "sidecar.system": 0,
     "sidecar.canonical": 0,
+    "sidecar.text": 0,
     "sidecar.config": 1,
     "sidecar.validation": 1,
     "sidecar.store": 2,

@@ -33,6 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
+from sidecar.text import preview
 
 __all__ = ["ConnectorPool", "LaunchContext", "PoolLimits", "http_transport", "launch_plan", "scrubbed_environment"]
 
@@ -297,7 +298,7 @@ class ConnectorPool:
             if _contains(exc, _StartTimeout):
                 reason = f"did not start: no answer to initialize within {self._limits.start_timeout:g}s"
             else:
-                reason = process.exit_reason or f"{type(exc).__name__}: {exc}"[:200]
+                reason = process.exit_reason or preview(f"{type(exc).__name__}: {exc}", 200, quote=False)
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} failed to start: {reason}"))
             logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
@@ -325,7 +326,7 @@ class ConnectorPool:
                 ready.set_result(session)
                 await slot.stop.wait()
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:200]
+            reason = preview(f"{type(exc).__name__}: {exc}", 200, quote=False)
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} is not reachable: {reason}"))
             logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)

@@ -35,6 +35,7 @@ from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.pool import CALL_TIMEOUT, LaunchContext, LaunchPlan, http_transport, launch_plan
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
+from sidecar.text import preview
 
 __all__ = ["Sink", "Upstream", "Upstreams"]
 
@@ -187,9 +188,10 @@ class Upstream:
                     group.cancel_scope.cancel()
         except Exception as exc:
             reason = (self._process.exit_reason if self._process else None) or f"{type(exc).__name__}: {exc}"
+            reason = preview(reason, 200, quote=False)
             if not ready.done():
-                ready.set_exception(ToolError(f"connector {self.name} failed to start: {reason[:200]}"))
-            logger.warning("relay to connector %s ended: %s", self.name, reason[:200])
+                ready.set_exception(ToolError(f"connector {self.name} failed to start: {reason}"))
+            logger.warning("relay to connector %s ended: %s", self.name, reason)
         finally:
             self._dispatcher = None
             if not ready.done():

@@ -17,6 +17,7 @@ from typing import Final
 
 from sidecar.config import Origin
 from sidecar.errors import FetchSiteRejected, HostRejected, OriginRejected
+from sidecar.text import preview
 
 __all__ = ["check_fetch_site", "check_host", "check_origin", "check_target"]
 
@@ -36,12 +37,6 @@ _MAX_PORT: Final = 65535
 _FETCH_SITE_ALLOWED: Final = frozenset({"same-origin", "none"})
 """``Sec-Fetch-Site`` values that pass. Anything else — ``cross-site``, ``same-site``, an unknown or empty
 value — is refused: deny by default, as Go's ``CrossOriginProtection`` does."""
-
-
-def _show(value: str) -> str:
-    """``repr(value)`` cut to ``_SHOW_MAX`` characters: safe for one log line and a client message."""
-    text = repr(value)
-    return text if len(text) <= _SHOW_MAX else text[: _SHOW_MAX - 3] + "..."
 
 
 # --- Host ------------------------------------------------------------------------------------------
@@ -68,7 +63,7 @@ def check_host(values: Sequence[str], *, port: int) -> None:
     # because str.lower() maps some non-ASCII letters onto ASCII ones (e.g. KELVIN SIGN -> "k").
     if value.isascii() and value.lower() in {f"{name}:{port}" for name in _LOOPBACK_NAMES}:
         return
-    raise HostRejected(f"Host {_show(value)} refused: {_host_problem(value, port)}; {remedy}")
+    raise HostRejected(f"Host {preview(value, _SHOW_MAX)} refused: {_host_problem(value, port)}; {remedy}")
 
 
 def _host_problem(value: str, port: int) -> str:
@@ -121,10 +116,10 @@ def check_origin(values: Sequence[str], *, allowed: frozenset[Origin]) -> None:
         raise OriginRejected("Origin 'null' (an opaque origin) is never allowed")
     origin = _parse_origin(value)
     if origin is None:
-        raise OriginRejected(f"Origin {_show(value)} is not scheme://host[:port]")
+        raise OriginRejected(f"Origin {preview(value, _SHOW_MAX)} is not scheme://host[:port]")
     # SECURITY: exact tuple match; never a prefix, suffix or pattern match.
     if origin not in allowed:
-        raise OriginRejected(f"Origin {_show(value)} is not allowed; {remedy}")
+        raise OriginRejected(f"Origin {preview(value, _SHOW_MAX)} is not allowed; {remedy}")
 
 
 def _parse_origin(text: str) -> Origin | None:
@@ -177,7 +172,7 @@ def check_fetch_site(values: Sequence[str]) -> None:
                 # SECURITY: a second CSRF signal beside Origin: browser no-cors GETs (<script>, <img>)
                 # carry no Origin, but they do carry Sec-Fetch-Site.
                 raise FetchSiteRejected(
-                    f"Sec-Fetch-Site {_show(item.strip())} refused: sidecar serves no other site's pages; "
+                    f"Sec-Fetch-Site {preview(item.strip(), _SHOW_MAX)} refused: sidecar serves no other site's pages; "
                     "call it from a local client, not from a web page"
                 )
 
@@ -194,6 +189,6 @@ def check_target(raw_target: str) -> None:
         return
     shown = raw_target.partition("?")[0].partition("#")[0]  # the query may carry an OAuth code
     raise HostRejected(
-        f"request target {_show(shown)} refused: send the path only (origin-form, e.g. GET /mcp), "
+        f"request target {preview(shown, _SHOW_MAX)} refused: send the path only (origin-form, e.g. GET /mcp), "
         "with the host in the Host header"
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sidecar.errors import StorageError
+from sidecar.text import preview
 
 __all__ = [
     "append_line",
@@ -143,7 +144,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
-            raise ValueError(f"duplicate key {key[:80]!r}")
+            raise ValueError(f"duplicate key {preview(key, 80)}")
         result[key] = value
     return result
 

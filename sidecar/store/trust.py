@@ -57,6 +57,7 @@ from sidecar.canonical import canonical_json, utc_timestamp
 from sidecar.errors import NotFound, StorageError
 from sidecar.store.files import loads_strict, read_private, remove_quietly, write_atomic
 from sidecar.system import pid_alive
+from sidecar.text import preview
 
 __all__ = [
     "EVENT_GRANTED",
@@ -163,9 +164,9 @@ class _Document(BaseModel):
         for key, entry in self.connectors.items():
             match = _KEY.fullmatch(key)
             if match is None:
-                raise ValueError(f"key {key[:80]!r} is not '<name>::<64 hex>'")
+                raise ValueError(f"key {preview(key, 80)} is not '<name>::<64 hex>'")
             if match["name"] != entry.name:
-                raise ValueError(f"key {key[:80]!r} does not belong to name {entry.name[:80]!r}")
+                raise ValueError(f"key {preview(key, 80)} does not belong to name {preview(entry.name, 80)}")
         return self
 
 
