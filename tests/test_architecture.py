@@ -18,6 +18,7 @@ LAYERS = {
     "sidecar.system": 0,
     "sidecar.canonical": 0,
     "sidecar.text": 0,
+    "sidecar.origins": 0,
     "sidecar.config": 1,
     "sidecar.validation": 1,
     "sidecar.store": 2,

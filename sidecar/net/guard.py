@@ -16,10 +16,10 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
-from sidecar.config import Origin
 from sidecar.errors import SidecarError
 from sidecar.http import error_response
 from sidecar.net.hostcheck import check_fetch_site, check_host, check_origin, check_target
+from sidecar.origins import Origin
 from sidecar.text import preview
 
 __all__ = ["add_vary_origin", "make_guard_middleware"]
