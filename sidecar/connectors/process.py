@@ -44,7 +44,7 @@ from mcp.client import Transport
 from mcp.shared.message import SessionMessage
 
 from sidecar.connectors.framing import Inbound, StderrTail, StdioFraming
-from sidecar.system import ProcessTree, signal_group
+from sidecar.system import ProcessTree, pid_alive, signal_group
 
 __all__ = [
     "GRACE",
@@ -87,6 +87,8 @@ _TABLE_REUSE: Final = 0.5
 """Seconds a periodic /proc snapshot serves other connectors, so N connectors do not mean N scans."""
 _MAX_TRACKED: Final = 1024
 """Descendants recorded per connector; a connector forking past this is beyond what pid tracking can hold."""
+_STOPPED: Final = "stopped"
+"""The exit reason of a process that ended because ``stop()`` asked it to."""
 
 
 class ProcessState(enum.StrEnum):
@@ -184,6 +186,12 @@ class ConnectorProcess:
         return self._exit_reason
 
     @property
+    def failed(self) -> bool:
+        """It ended without ``stop()`` asking it to: it exited or was killed on its own, failed to start, or
+        broke the framing (the first reason wins, so a stop after it died on its own does not hide that)."""
+        return self._exit_reason is not None and self._exit_reason != _STOPPED
+
+    @property
     def stderr_tail(self) -> list[str]:
         """The last ``stderr_lines`` lines of stderr (each cut at 4 KiB), oldest first."""
         return self._stderr.lines
@@ -253,7 +261,7 @@ class ConnectorProcess:
         if self._state is ProcessState.EXITED:
             return
         if self._proc is None:
-            self._exit_reason = "stopped"
+            self._exit_reason = _STOPPED
             self._set_state(ProcessState.EXITED)
             self.exited.set()
             return
@@ -268,8 +276,16 @@ class ConnectorProcess:
     def _request_stop(self, reason: str | None) -> asyncio.Task[None]:
         """Start the one shutdown (first reason wins) and return it."""
         if self._shutdown is None:
+            assert self._proc is not None
             rc = self.returncode
-            self._exit_reason = reason or (_describe_exit(rc) if rc is not None else "stopped")
+            if reason is not None:
+                self._exit_reason = reason
+            elif rc is not None:
+                self._exit_reason = _describe_exit(rc)
+            elif not self._ended_first(self._proc):
+                self._exit_reason = _STOPPED
+            # else: it ended on its own a moment ago and asyncio has not collected the code yet; the shutdown
+            # names the exit once it has the code.
             self._set_state(ProcessState.STOPPING)
             self._shutdown = asyncio.create_task(self._run_shutdown(), name=f"connector {self.name} stop")
             self._shutdown.add_done_callback(self._after_shutdown)
@@ -285,6 +301,7 @@ class ConnectorProcess:
         try:
             self._release(self._proc)
         finally:
+            self._name_exit(self._proc)
             self._set_state(ProcessState.EXITED)
             self.exited.set()
 
@@ -310,11 +327,25 @@ class ConnectorProcess:
             except Exception:
                 logger.exception("connector %s: releasing its pipes failed", self.name)
             finally:
+                self._name_exit(proc)
                 self._set_state(ProcessState.EXITED)
                 self.exited.set()
                 logger.info(
                     "connector %s (pid %d): %s; returncode %s", self.name, proc.pid, self._exit_reason, proc.returncode
                 )
+
+    def _ended_first(self, proc: asyncio.subprocess.Process) -> bool:
+        """Whether the connector ended on its own before this stop: its stdout is at EOF, or it is gone.
+
+        A process that exits closes its stdout before it becomes a zombie, and asyncio collects its code
+        later still, so a stop that follows the EOF at once (the session failing on it) can come first.
+        """
+        return (self._pump is not None and self._pump.done()) or not pid_alive(proc.pid)
+
+    def _name_exit(self, proc: asyncio.subprocess.Process) -> None:
+        """Name an exit that ``_request_stop`` found the connector began on its own, now that the code is known."""
+        if self._exit_reason is None:
+            self._exit_reason = _describe_exit(proc.returncode) if proc.returncode is not None else "exited"
 
     def _release(self, proc: asyncio.subprocess.Process) -> None:
         """End the session's read side, close our pipe ends and cancel the helper tasks."""
