@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Final
 
 import anyio
@@ -36,6 +36,8 @@ STDERR_LINE_BYTES: Final = 4096
 """Longest stderr line kept in the tail (longer ones are cut and marked ``[cut]``), so the tail stays small."""
 _CHUNK: Final = 65536
 """Bytes per read when draining stderr, or stdout after an over-long line."""
+_WRITER_FLUSH: Final = 0.5
+"""Seconds for messages the client already sent to reach stdin when the session leaves (as the SDK)."""
 
 Inbound = SessionMessage | Exception
 """What the read stream carries (the SDK's TransportStreams); this transport never sends an Exception."""
@@ -53,6 +55,25 @@ class StdioFraming:
         self.max_line_bytes = max_line_bytes
         self._inbound_send, self.inbound = anyio.create_memory_object_stream[Inbound](0)
         self._bad_lines = 0
+
+    @contextlib.asynccontextmanager
+    async def session_streams(
+        self, stdin: asyncio.StreamWriter, spawn: Callable[[Coroutine[object, object, None]], asyncio.Task[None]]
+    ) -> AsyncIterator[tuple[MemoryObjectReceiveStream[Inbound], MemoryObjectSendStream[SessionMessage]]]:
+        """The session's (read, write) streams; the stdin writer runs in a task made by ``spawn``.
+
+        Leaving flushes what the session already sent (for up to ``_WRITER_FLUSH`` seconds) and closes both.
+        """
+        out_send, out_recv = anyio.create_memory_object_stream[SessionMessage](0)
+        writer = spawn(self.write_stdin(stdin, out_recv))
+        try:
+            yield self.inbound, out_send
+        finally:
+            out_send.close()
+            await asyncio.wait({writer}, timeout=_WRITER_FLUSH)
+            writer.cancel()
+            out_recv.close()
+            self.inbound.close()
 
     def end_inbound(self) -> None:
         """EOF for the session: its pending calls fail now (the SDK raises ``CONNECTION_CLOSED``)."""

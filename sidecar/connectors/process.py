@@ -33,17 +33,14 @@ import enum
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Final
 
-import anyio
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client import Transport
-from mcp.shared.message import SessionMessage
 
-from sidecar.connectors.framing import Inbound, StderrTail, StdioFraming
+from sidecar.connectors.framing import StderrTail, StdioFraming
 from sidecar.system import ProcessTree, pid_alive, signal_group
 
 __all__ = [
@@ -81,8 +78,6 @@ _TREE_GONE_WAIT: Final = 0.5
 """Seconds for SIGKILLed group members and escapees to die after the final kill."""
 _DRAIN_WAIT: Final = 0.2
 """Seconds to read what the dead tree left in stdout/stderr before the pipes are closed."""
-_WRITER_FLUSH: Final = 0.5
-"""Seconds for messages the client already sent to reach stdin when the transport closes (as the SDK)."""
 _TABLE_REUSE: Final = 0.5
 """Seconds a periodic /proc snapshot serves other connectors, so N connectors do not mean N scans."""
 _MAX_TRACKED: Final = 1024
@@ -430,23 +425,8 @@ class ConnectorProcess:
         if self._attached:
             raise ProcessStateError(f"connector {self.name!r}: transport() serves one session and was taken")
         self._attached = True
-        return self._transport(self._proc)
-
-    @contextlib.asynccontextmanager
-    async def _transport(
-        self, proc: asyncio.subprocess.Process
-    ) -> AsyncIterator[tuple[MemoryObjectReceiveStream[Inbound], MemoryObjectSendStream[SessionMessage]]]:
-        assert proc.stdin is not None
-        out_send, out_recv = anyio.create_memory_object_stream[SessionMessage](0)
-        writer = self._spawn(self._framing.write_stdin(proc.stdin, out_recv), "stdin")
-        try:
-            yield self._framing.inbound, out_send
-        finally:
-            out_send.close()
-            await asyncio.wait({writer}, timeout=_WRITER_FLUSH)
-            writer.cancel()
-            out_recv.close()
-            self._framing.inbound.close()
+        assert self._proc.stdin is not None
+        return self._framing.session_streams(self._proc.stdin, lambda writer: self._spawn(writer, "stdin"))
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
