@@ -12,11 +12,11 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sidecar.errors import ConfigError
+from sidecar.origins import Origin, parse_origin
 from sidecar.validation import Loc, quote, render_errors
 
 __all__ = [
@@ -32,11 +32,6 @@ __all__ = [
 ]
 
 LOOPBACK_HOST = "127.0.0.1"
-
-Origin = tuple[str, str, int]
-"""An origin as compared by the guard: (scheme, lower-case host, port with the default filled in)."""
-
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class _Frozen(BaseModel):
@@ -178,20 +173,6 @@ class Settings(_Frozen):
 
     def origin_tuples(self) -> frozenset[Origin]:
         return frozenset(parse_origin(o) for o in self.allowed_origins)
-
-
-def parse_origin(text: str) -> Origin:
-    """Parse ``scheme://host[:port]`` into the tuple the guard compares; raise ``ValueError`` otherwise."""
-    try:
-        parts = urlsplit(text)
-        port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"not an origin: {quote(text)}") from exc
-    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-        raise ValueError(f"not an origin (want http(s)://host[:port]): {quote(text)}")
-    if parts.path or parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(f"an origin has no path, query, fragment or user: {quote(text)}")
-    return (parts.scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[parts.scheme])
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,10 @@ LAYERS = {
     "sidecar.paths": 0,
     "sidecar.names": 0,
     "sidecar.tuning": 0,
+    "sidecar.system": 0,
+    "sidecar.canonical": 0,
+    "sidecar.text": 0,
+    "sidecar.origins": 0,
     "sidecar.config": 1,
     "sidecar.validation": 1,
     "sidecar.store": 2,
@@ -96,5 +100,7 @@ def test_pure_modules_import_no_web_framework() -> None:
         "bus/policy.py",
         "bus/registry.py",
         "store/audit.py",
+        "store/auditverify.py",
+        "bus/shapes.py",
     ):
         assert "aiohttp" not in _all_imports(PACKAGE / pure), pure

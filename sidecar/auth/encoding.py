@@ -17,11 +17,14 @@ import re
 import secrets
 from typing import Final
 
+from sidecar.errors import Unauthorized
+
 __all__ = [
     "TOKEN_BYTES",
     "TOKEN_CHARS",
     "b64url_decode",
     "b64url_encode",
+    "check_token",
     "mint_token",
     "token_digest",
     "tokens_equal",
@@ -85,6 +88,24 @@ def token_digest(token: str) -> bytes:
     except UnicodeEncodeError:
         raise ValueError("token is not ASCII") from None
     return hashlib.sha256(raw).digest()
+
+
+def check_token(presented: str | None, expected_digest: bytes, *, what: str) -> None:
+    """Return if ``presented`` is the token whose ``token_digest`` is ``expected_digest``; else ``Unauthorized``.
+
+    The message names ``what`` (``control token``, ...): ``missing …`` (no token), ``malformed …`` (not
+    ASCII, so never a minted token), ``invalid …`` (any other token). The comparison is constant-time
+    over the fixed-length digests, so its timing says nothing about how much of a guess was right.
+    """
+    if presented is None:
+        raise Unauthorized(f"missing {what}")
+    try:
+        digest = token_digest(presented)
+    except ValueError:
+        raise Unauthorized(f"malformed {what}") from None
+    # SECURITY: constant-time compare of fixed-length digests.
+    if not hmac.compare_digest(digest, expected_digest):
+        raise Unauthorized(f"invalid {what}")
 
 
 def tokens_equal(a: str, b: str) -> bool:

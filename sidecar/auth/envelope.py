@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, cast
 
 from sidecar.auth.encoding import b64url_decode, b64url_encode
+from sidecar.canonical import canonical_json
 from sidecar.errors import EnvelopeRejected
 
 __all__ = [
@@ -136,11 +137,6 @@ def _claims_problem(claims: SessionClaims) -> str | None:
     return None
 
 
-def _canonical_json(claims: SessionClaims) -> bytes:
-    text = json.dumps(asdict(claims), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return text.encode("ascii")
-
-
 def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
     obj: dict[str, object] = {}
     for key, value in pairs:
@@ -170,7 +166,7 @@ def _parse_claims(payload_b64: str) -> SessionClaims:
         raise _Malformed
     # SECURITY: one spelling per payload: insignificant whitespace, key order or escape variants are
     # refused too, so a verified envelope is byte-for-byte what sign() produced.
-    if _canonical_json(claims) != raw:
+    if canonical_json(asdict(claims)) != raw:
         raise _Malformed
     return claims
 
@@ -235,7 +231,7 @@ class EnvelopeKeys:
         if problem is not None:
             raise ValueError(f"cannot sign claims: {problem}")
         kid = self.signing_kid
-        signing_input = f"{VERSION}.{kid}.{b64url_encode(_canonical_json(claims))}"
+        signing_input = f"{VERSION}.{kid}.{b64url_encode(canonical_json(asdict(claims)))}"
         envelope = f"{signing_input}.{b64url_encode(_mac(self._keys[kid], signing_input))}"
         if len(envelope) > MAX_ENVELOPE_CHARS:
             raise ValueError(f"cannot sign claims: envelope longer than {MAX_ENVELOPE_CHARS} characters")

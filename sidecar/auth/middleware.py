@@ -7,14 +7,13 @@ read from ``Authorization: Bearer`` only, never from the URL.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from sidecar.auth.encoding import token_digest
+from sidecar.auth.encoding import check_token
 from sidecar.auth.principal import Principal
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
@@ -68,7 +67,7 @@ def make_auth_middleware(
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         if path == "/control" or path.startswith("/control/"):
-            _check_control(bearer_token(request), control_digest())
+            check_token(bearer_token(request), control_digest(), what="control token")
             return await handler(request)
         route_name = route_for_path(path)
         if route_name is None:
@@ -80,15 +79,3 @@ def make_auth_middleware(
         return await handler(request)
 
     return auth
-
-
-def _check_control(presented: str | None, expected_digest: bytes) -> None:
-    if presented is None:
-        raise Unauthorized("missing control token")
-    try:
-        digest = token_digest(presented)
-    except ValueError:
-        raise Unauthorized("malformed control token") from None
-    # SECURITY: constant-time compare of fixed-length digests.
-    if not hmac.compare_digest(digest, expected_digest):
-        raise Unauthorized("invalid control token")

@@ -7,14 +7,14 @@ aborts every in-flight request and stream on it through the ``InflightTracker``.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
-from sidecar.auth.encoding import mint_token, token_digest
+from sidecar.auth.encoding import check_token, mint_token, token_digest
 from sidecar.auth.inflight import InflightTracker
 from sidecar.errors import Conflict, NotFound, Unauthorized
 
@@ -23,6 +23,8 @@ __all__ = ["Route", "RouteRegistry", "route_key"]
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9:._-]{0,127}$")
+_NO_ROUTE_DIGEST: Final = b"\x00" * 32
+"""What a token for an unregistered route is compared against (no token has this SHA-256)."""
 
 RouteListener = Callable[[str, str], None]
 """Called with (route name, event) where event is ``registered``, ``rotated`` or ``unregistered``."""
@@ -88,16 +90,11 @@ class RouteRegistry:
     def authenticate(self, name: str, presented: str | None) -> Route:
         """Return the route if ``presented`` is its current token; else raise ``Unauthorized``."""
         route = self._routes.get(name)
-        if presented is None:
-            raise Unauthorized("missing bearer token")
-        try:
-            digest = token_digest(presented)
-        except ValueError:
-            raise Unauthorized("malformed bearer token") from None
-        # SECURITY: constant-time compare of fixed-length digests; an unknown route compares against
-        # a dummy so timing does not tell registered names apart.
-        expected = route.digest if route is not None else b"\x00" * 32
-        if not hmac.compare_digest(digest, expected) or route is None:
+        # SECURITY: an unknown route compares against a dummy digest, so timing does not tell registered
+        # names apart.
+        expected = route.digest if route is not None else _NO_ROUTE_DIGEST
+        check_token(presented, expected, what="bearer token for this route")
+        if route is None:
             raise Unauthorized("invalid bearer token for this route")
         return route
 

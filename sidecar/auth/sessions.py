@@ -23,6 +23,7 @@ from sidecar.auth.envelope import EnvelopeKeys, SessionClaims
 from sidecar.auth.inflight import InflightTracker
 from sidecar.errors import EnvelopeRejected, NotFound, RequestRejected
 from sidecar.names import TOOL_NAME
+from sidecar.text import preview
 
 __all__ = ["Mode", "Session", "SessionStore", "session_key", "validate_pattern"]
 
@@ -48,7 +49,7 @@ def validate_pattern(pattern: str) -> str:
     """Allowed forms: an exact tool name, ``mcp__<server>__*``, or ``*`` (SPEC §2)."""
     if pattern == "*" or TOOL_NAME.fullmatch(pattern) or _SERVER_PATTERN.fullmatch(pattern):
         return pattern
-    raise RequestRejected(f"invalid tool pattern {pattern[:80]!r}: use a tool name, mcp__<server>__* or *")
+    raise RequestRejected(f"invalid tool pattern {preview(pattern, 80)}: use a tool name, mcp__<server>__* or *")
 
 
 def session_key(session_id: str) -> tuple[str, str]:

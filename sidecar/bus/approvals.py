@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import json
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from sidecar.auth.encoding import b64url_encode
+from sidecar.canonical import canonical_json
 from sidecar.errors import Conflict, NotFound
 
 __all__ = ["Approval", "ApprovalState", "ApprovalStore", "arguments_digest"]
@@ -42,8 +42,10 @@ class ApprovalState(enum.StrEnum):
 
 def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
     """SHA-256 of the canonical JSON of the arguments: the approval is for exactly these values."""
-    canonical = json.dumps(dict(arguments or {}), sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    # default=str and allow_nan: arguments are the client's; their digest must never fail (a stored digest
+    # of plain JSON arguments is the same bytes either way).
+    canonical = canonical_json(dict(arguments or {}), default=str, allow_nan=True)
+    return hashlib.sha256(canonical).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

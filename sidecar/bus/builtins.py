@@ -22,6 +22,7 @@ from sidecar.bus.calculator import CalcError, evaluate
 from sidecar.bus.notes import MAX_NOTE_CHARS, NoteBook
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.errors import ToolError
+from sidecar.text import preview
 
 __all__ = ["install_builtins"]
 
@@ -52,7 +53,7 @@ def _install_basics(registry: ToolRegistry) -> None:
         try:
             zone = zoneinfo.ZoneInfo(name)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ToolError(f"unknown time zone {name[:64]!r}") from None
+            raise ToolError(f"unknown time zone {preview(name, 64)}") from None
         now = dt.datetime.now(zone)
         iso = now.isoformat(timespec="seconds")
         return ToolOutput(text=iso, structured={"timezone": name, "iso": iso, "unix": int(now.timestamp())})

@@ -27,8 +27,9 @@ from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
 from sidecar.bus.registry import CallContext, Progress, ToolDef, ToolHandler, ToolRegistry
 from sidecar.bus.search import SearchIndex
+from sidecar.bus.shapes import shape_of
 from sidecar.errors import ToolError
-from sidecar.store.audit import AuditLog, shape_of
+from sidecar.store.audit import AuditLog
 
 __all__ = ["BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
 

@@ -73,7 +73,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
-    from sidecar.store.runtime import pid_alive
+    from sidecar.system import pid_alive
 
     client = _client(paths)
     pid = client.runtime["pid"]
@@ -160,8 +160,13 @@ def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
     c = _client(paths).call("GET", f"/control/connectors/{args.connector_id}")
-    text = "\n".join(f"{k:<12} {v}" for k, v in c.items() if v not in (None, [], {}))
-    _print(args, c, text)
+    lines = [f"{k:<12} {v}" for k, v in c.items() if k != "last_failure" and v not in (None, [], {})]
+    failure = c.get("last_failure")
+    if failure:
+        # The daemon has escaped and bounded the connector's stderr lines (connectors/failures.py).
+        lines.append(f"last failure {failure['at']}, session {failure['session_id']}: {failure['reason']}")
+        lines += [f"  | {line}" for line in failure["stderr"]] or ["  (it wrote nothing to stderr)"]
+    _print(args, c, "\n".join(lines))
     return 0
 
 
@@ -210,7 +215,7 @@ def cmd_approvals_deny(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_audit(args: argparse.Namespace, paths: Paths) -> int:
-    from sidecar.store.audit import verify
+    from sidecar.store.auditverify import verify
 
     if args.verify:
         report = verify(paths.audit_file)
@@ -308,7 +313,7 @@ def _connector_commands(sub: Any) -> None:
     group = _group(sub, "connectors", "list, inspect, trust, untrust and install connectors (MCP servers)")
     _command(group, "list", cmd_connectors_list, "every connector and its state", json=True)
     for name, handler, help_text in (
-        ("show", cmd_connectors_show, "one connector in detail (launch config, trust key, tool risks)"),
+        ("show", cmd_connectors_show, "one connector in detail (launch config, trust key, tool risks, last failure)"),
         ("trust", cmd_connectors_trust, "trust a connector as it is configured now"),
         ("untrust", cmd_connectors_untrust, "withdraw trust: its processes stop and its tools leave every session"),
     ):

@@ -24,6 +24,7 @@ from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.pool import CALL_TIMEOUT, ConnectorPool, LaunchContext, launch_plan
 from sidecar.errors import NotFound, ToolError
 from sidecar.names import connector_tool, split_connector_tool
+from sidecar.text import preview
 
 __all__ = ["ConnectorCatalog", "local_uri", "remote_uri"]
 
@@ -104,7 +105,7 @@ class ConnectorCatalog:
         try:
             result = await asyncio.wait_for(client.read_resource(original), CALL_TIMEOUT)
         except MCPError as exc:
-            raise ToolError(f"{connector_id}: {exc.error.message[:300]}") from None
+            raise ToolError(f"{connector_id}: {preview(exc.error.message, 300, quote=False)}") from None
         contents = []
         for content in result.contents:
             item = content.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -121,7 +122,7 @@ class ConnectorCatalog:
         try:
             return await asyncio.wait_for(client.get_prompt(original, arguments), CALL_TIMEOUT)
         except MCPError as exc:
-            raise ToolError(f"{connector_id}: {exc.error.message[:300]}") from None
+            raise ToolError(f"{connector_id}: {preview(exc.error.message, 300, quote=False)}") from None
 
     async def _client(self, session: Session, connector: Connector) -> Any:
         spec = connector.spec

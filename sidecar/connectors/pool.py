@@ -6,9 +6,10 @@ allowlist plus what the connector's ``mcp.json`` declares: no daemon secret, no 
 token reaches it. Each process lives in a *holder* task that owns its async contexts (anyio scopes must
 exit in the task that entered them); calls reach its ``ClientSession`` from any task.
 
-Supervision: a process that exits on its own is a crash. Its session's tools of that connector become
-unavailable (``on_change`` → ``tools/list_changed``); the pool restarts it after an exponential
-backoff and the tools return once it answers again (another ``list_changed``). A crash loop
+Supervision: a process that exits on its own is a crash, recorded with the end of its stderr in the
+``FailureLog`` (``sidecar connectors show``) and logged once at WARNING. Its session's tools of that
+connector become unavailable (``on_change`` → ``tools/list_changed``); the pool restarts it after an
+exponential backoff and the tools return once it answers again (another ``list_changed``). A crash loop
 (``MAX_RESTARTS`` crashes within ``CRASH_WINDOW``) ends in ``error`` with the reason until the session
 ends. Caps bound processes per connector and in total, and idle processes are reaped (a later call
 spawns again).
@@ -30,9 +31,11 @@ import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
+from sidecar.text import preview
 
 __all__ = ["ConnectorPool", "LaunchContext", "PoolLimits", "http_transport", "launch_plan", "scrubbed_environment"]
 
@@ -196,10 +199,13 @@ class ConnectorPool:
         clock: Callable[[], float] = time.monotonic,
         count: Callable[[str | None], int] | None = None,
         admit: Callable[[ConnectorSpec], None] | None = None,
+        failures: FailureLog | None = None,
     ) -> None:
         """``count`` counts processes against the caps when others than the pool's own run too (the relay's);
-        ``admit`` raises ``ToolError`` unless a spec may start now (its trust still holds on disk)."""
+        ``admit`` raises ``ToolError`` unless a spec may start now (its trust still holds on disk);
+        ``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``."""
         self._limits = limits or PoolLimits()
+        self._failures = failures if failures is not None else FailureLog()
         self._process_limits = process_limits or ProcessLimits()
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._on_change = on_change
@@ -227,9 +233,6 @@ class ConnectorPool:
     def error(self, session_id: str, connector_id: str) -> str | None:
         slot = self._slots.get((session_id, connector_id))
         return slot.error if slot is not None else None
-
-    def pids(self) -> list[int]:
-        return [s.process.pid for s in self._slots.values() if s.process is not None and s.process.pid is not None]
 
     # -- getting a client ----------------------------------------------------------------------
 
@@ -286,6 +289,7 @@ class ConnectorPool:
         process = ConnectorProcess(plan.argv, env=plan.env, cwd=plan.cwd, limits=self._process_limits, name=spec.id)
         slot.process = process
         crashed = False
+        reason: str | None = None
         try:
             async with process, process.transport() as (read, write), ClientSession(read, write) as session:
                 try:
@@ -306,15 +310,21 @@ class ConnectorPool:
             if _contains(exc, _StartTimeout):
                 reason = f"did not start: no answer to initialize within {self._limits.start_timeout:g}s"
             else:
-                reason = process.exit_reason or f"{type(exc).__name__}: {exc}"[:200]
+                reason = process.exit_reason or preview(f"{type(exc).__name__}: {exc}", 200, quote=False)
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} failed to start: {reason}"))
-            logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
+            if not (crashed or process.failed):  # a failure is logged once, with its stderr, just below
+                logger.warning("connector %s (session %s) failed while stopping: %s", spec.id, key[0], reason)
         finally:
             slot.client = None
             slot.process = None
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} stopped before it was ready"))
+        # The process has been stopped by now, so its stderr tail is complete.
+        if crashed or process.failed:
+            self._failures.record(
+                spec.id, key[0], reason=reason or process.exit_reason or "exited", stderr=process.stderr_tail
+            )
         if crashed:
             self._crashed(key, slot, process.exit_reason or "exited")
 
@@ -334,7 +344,7 @@ class ConnectorPool:
                 ready.set_result(session)
                 await slot.stop.wait()
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:200]
+            reason = preview(f"{type(exc).__name__}: {exc}", 200, quote=False)
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} is not reachable: {reason}"))
             logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
@@ -352,7 +362,10 @@ class ConnectorPool:
             backoff = min(BACKOFF_MAX, BACKOFF_START * 2 ** (len(slot.crashes) - 1))
             slot.retry_at = now + backoff
             slot.restart = asyncio.get_running_loop().create_task(self._restart(key, slot, backoff))
-        logger.warning("connector %s in session %s crashed (%s)", key[1], key[0], reason)
+        if slot.error is not None:
+            logger.warning("connector %s in session %s is in error: %s", key[1], key[0], slot.error)
+        else:
+            logger.info("connector %s in session %s restarts in %gs", key[1], key[0], slot.retry_at - now)
         self._changed(key)
 
     async def _restart(self, key: tuple[str, str], slot: _Slot, backoff: float) -> None:

@@ -33,6 +33,7 @@ from sidecar.errors import StorageError, ToolError
 from sidecar.names import MAX_TOOL_NAME, connector_route, connector_tool
 from sidecar.store.files import read_json, write_json
 from sidecar.store.trust import TrustStore, tool_fingerprint
+from sidecar.text import preview
 
 __all__ = ["ConnectorTools", "withheld_message"]
 
@@ -228,7 +229,7 @@ class ConnectorTools:
                         f"connector {connector_id} stopped unexpectedly ({reason or 'connection closed'}); "
                         "sidecar restarts it on a later call"
                     ) from None
-                raise ToolError(f"{connector_id}: {exc.error.message[:300]}") from None
+                raise ToolError(f"{connector_id}: {preview(exc.error.message, 300, quote=False)}") from None
             self._pool.healthy(context.session_id, connector_id)
             return _output(result)
 
@@ -283,7 +284,8 @@ class ConnectorTools:
                     ]
                 return offers
             except MCPError as exc:
-                raise ToolError(f"connector {spec.id} did not list its tools: {exc.error.message[:200]}") from None
+                message = preview(exc.error.message, 200, quote=False)
+                raise ToolError(f"connector {spec.id} did not list its tools: {message}") from None
             finally:
                 await self._pool.stop_session(session_id)
 

@@ -18,6 +18,7 @@ from typing import Any
 from sidecar.auth.routes import RouteRegistry
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
+from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
 from sidecar.connectors.pool import ConnectorPool, LaunchContext, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools
@@ -50,12 +51,15 @@ class ConnectorService:
         self.manager = manager
         self._routes = routes
         self._notify = notify
-        # The pool's processes and the relay's connections count against the same caps (``running``).
+        # The pool's processes and the relay's connections count against the same caps (``running``), and
+        # report their failed processes to the same log (``connectors show``).
+        self.failures = FailureLog()
         self.pool = ConnectorPool(
             limits=limits,
             on_change=lambda session_id, _: notify(session_id),
             count=self.running,
             admit=manager.admit,
+            failures=self.failures,
         )
         self.upstreams = Upstreams(
             context=context,
@@ -64,6 +68,7 @@ class ConnectorService:
             admit=manager.admit,
             per_session=limits.per_session,
             idle_seconds=limits.idle_seconds,
+            failures=self.failures,
         )
         self.tools = ConnectorTools(
             registry=registry,
@@ -84,7 +89,13 @@ class ConnectorService:
         return self.pool.running(connector_id) + self.upstreams.running(connector_id)
 
     def public(self, connector: Connector, *, detail: bool = False) -> dict[str, object]:
-        return connector.public(running=self.running(connector.id), detail=detail)
+        """What the control API shows; in detail also ``last_failure``: the latest of its processes that
+        failed, in any session (session, time, reason, last stderr lines), or ``None``."""
+        body = connector.public(running=self.running(connector.id), detail=detail)
+        if detail:
+            failure = self.failures.last(connector.id)
+            body["last_failure"] = failure.public() if failure is not None else None
+        return body
 
     def start(self) -> None:
         """Register the cached tools of the connectors trusted in earlier runs (spawns nothing)."""

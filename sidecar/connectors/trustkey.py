@@ -11,13 +11,13 @@ revoke trust.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import stat
 import time
 from pathlib import Path
 from typing import Final
 
+from sidecar.canonical import canonical_json
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.errors import ConfigError
 
@@ -30,15 +30,10 @@ _SKIPPED_SUFFIXES: Final = (".pyc",)
 _CHUNK: Final = 1024 * 1024
 
 
-def _canonical(value: object) -> bytes:
-    # ensure_ascii: one byte string for one value, whatever the characters (and no lone-surrogate errors).
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-
-
 def canonical_launch(spec: ConnectorSpec) -> bytes:
     """The launch config as canonical JSON: sorted keys, no spaces, env and header names without values."""
     launch = spec.launch
-    return _canonical(
+    return canonical_json(
         {
             "transport": launch.transport,
             "command": launch.command,
@@ -151,7 +146,7 @@ def package_digest(root: Path) -> str:
             records.append(record)
             total += size
     records.sort()
-    return hashlib.sha256(_canonical(records)).hexdigest()
+    return hashlib.sha256(canonical_json(records)).hexdigest()
 
 
 def trust_key(spec: ConnectorSpec) -> str:

@@ -31,14 +31,19 @@ from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp.shared.transport_context import TransportContext
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestId
 
+from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.pool import CALL_TIMEOUT, LaunchContext, LaunchPlan, http_transport, launch_plan
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
+from sidecar.text import preview
 
 __all__ = ["Sink", "Upstream", "Upstreams"]
 
 logger = logging.getLogger(__name__)
+
+FailureCallback = Callable[[str, list[str]], object]
+"""Called with (reason, stderr tail) when a connection's own process fails."""
 
 _HANDLED_BY_DISPATCHER: Final = frozenset({"notifications/progress", "notifications/cancelled"})
 """Correlated by the dispatcher itself (progress to its caller, cancel to its handler): never relayed raw."""
@@ -57,8 +62,18 @@ class Sink(Protocol):
 class Upstream:
     """A connector connection owned by one holder task; ``request``/``notify`` may be called from any task."""
 
-    def __init__(self, plan: LaunchPlan, *, name: str, limits: ProcessLimits | None = None) -> None:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        *,
+        name: str,
+        limits: ProcessLimits | None = None,
+        on_failure: FailureCallback | None = None,
+    ) -> None:
+        """``on_failure`` is called once with the reason and the stderr tail if its process fails (ends
+        without ``close()`` asking it to), after the process has been stopped."""
         self.name = name
+        self._on_failure = on_failure
         self._plan = plan
         self._limits = limits or ProcessLimits()
         self._dispatcher: JSONRPCDispatcher[TransportContext] | None = None
@@ -196,13 +211,27 @@ class Upstream:
                     group.cancel_scope.cancel()
         except Exception as exc:
             reason = (self._process.exit_reason if self._process else None) or f"{type(exc).__name__}: {exc}"
+            reason = preview(reason, 200, quote=False)
             if not ready.done():
-                ready.set_exception(ToolError(f"connector {self.name} failed to start: {reason[:200]}"))
-            logger.warning("relay to connector %s ended: %s", self.name, reason[:200])
+                ready.set_exception(ToolError(f"connector {self.name} failed to start: {reason}"))
+            if not self._report_failure(reason):
+                logger.warning("relay to connector %s ended: %s", self.name, reason)
+        else:
+            self._report_failure(None)
         finally:
             self._dispatcher = None
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {self.name} stopped before it was ready"))
+
+    def _report_failure(self, reason: str | None) -> bool:
+        """Report a process that ended without ``close()`` asking it to (it has been stopped by now, so its
+        stderr tail is complete); whether there was one to report."""
+        process = self._process
+        if process is None or not (process.failed or not self._stop.is_set()):
+            return False
+        if self._on_failure is not None:
+            self._on_failure(reason or process.exit_reason or "connection closed", process.stderr_tail)
+        return True
 
     async def _until_stopped_or_closed(self, dispatcher: JSONRPCDispatcher[TransportContext]) -> None:
         stop = asyncio.create_task(self._stop.wait())
@@ -249,9 +278,12 @@ class Upstreams:
         admit: Callable[[ConnectorSpec], None],
         per_session: int = 4,
         idle_seconds: float = 900.0,
+        failures: FailureLog | None = None,
     ) -> None:
+        """``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``."""
         self._context = context
         self._admit = admit
+        self._failures = failures if failures is not None else FailureLog()
         self._start_timeout = start_timeout
         self._check_caps = check_caps
         self._per_session = per_session
@@ -274,7 +306,11 @@ class Upstreams:
         session can give way, when its trust no longer holds on disk (``admit``), or it cannot start."""
         self._admit(spec)
         await self._make_room(session_id, spec.id)
-        upstream = Upstream(launch_plan(spec, self._context(session_id, workspace)), name=spec.id)
+        upstream = Upstream(
+            launch_plan(spec, self._context(session_id, workspace)),
+            name=spec.id,
+            on_failure=lambda reason, stderr: self._failures.record(spec.id, session_id, reason=reason, stderr=stderr),
+        )
         self._open[upstream] = (session_id, spec.id)
         try:
             await upstream.start(self._start_timeout)

@@ -16,10 +16,11 @@ from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
-from sidecar.config import Origin
 from sidecar.errors import SidecarError
 from sidecar.http import error_response
 from sidecar.net.hostcheck import check_fetch_site, check_host, check_origin, check_target
+from sidecar.origins import Origin
+from sidecar.text import preview
 
 __all__ = ["add_vary_origin", "make_guard_middleware"]
 
@@ -50,7 +51,7 @@ def make_guard_middleware(
             _check_request(request, port=port(), allowed_origins=allowed_origins, exempt=fetch_site_exempt)
         except SidecarError as err:
             # One line, the value repr'd and cut by hostcheck; headers and query strings are never logged.
-            logger.warning("guard refused %s %s: %s", request.method, _short(request.path), err)
+            logger.warning("guard refused %s %s: %s", request.method, preview(request.path), err)
             return error_response(request.path, err)
         return await handler(request)
 
@@ -87,9 +88,3 @@ def _add_vary_origin(headers: CIMultiDict[str]) -> None:
     tokens = {token.strip().lower() for token in current.split(",")}
     if "origin" not in tokens and "*" not in tokens:
         headers[hdrs.VARY] = f"{current}, Origin"
-
-
-def _short(path: str) -> str:
-    """``repr(path)`` cut to 100 characters for the log line."""
-    text = repr(path)
-    return text if len(text) <= 100 else text[:97] + "..."

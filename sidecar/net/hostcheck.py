@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from sidecar.config import Origin
 from sidecar.errors import FetchSiteRejected, HostRejected, OriginRejected
+from sidecar.origins import MAX_PORT, Origin, parse_origin, split_host_port
+from sidecar.text import preview
 
 __all__ = ["check_fetch_site", "check_host", "check_origin", "check_target"]
 
@@ -27,21 +28,10 @@ _LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "[::1]")
 """The only host names a client may put in ``Host`` (compared case-insensitively, with the port)."""
 
 _HOST_CHARS: Final = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:[]")
-_REG_NAME_CHARS: Final = frozenset("0123456789abcdefghijklmnopqrstuvwxyz.-_~")
-_IPV6_CHARS: Final = frozenset("0123456789abcdef:.")
-_DIGITS: Final = frozenset("0123456789")
-_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
-_MAX_PORT: Final = 65535
 
 _FETCH_SITE_ALLOWED: Final = frozenset({"same-origin", "none"})
 """``Sec-Fetch-Site`` values that pass. Anything else — ``cross-site``, ``same-site``, an unknown or empty
 value — is refused: deny by default, as Go's ``CrossOriginProtection`` does."""
-
-
-def _show(value: str) -> str:
-    """``repr(value)`` cut to ``_SHOW_MAX`` characters: safe for one log line and a client message."""
-    text = repr(value)
-    return text if len(text) <= _SHOW_MAX else text[: _SHOW_MAX - 3] + "..."
 
 
 # --- Host ------------------------------------------------------------------------------------------
@@ -54,7 +44,7 @@ def check_host(values: Sequence[str], *, port: int) -> None:
     ``values`` are all raw ``Host`` header values of the request. ``ValueError`` if ``port`` is not a
     TCP port (a programming error, never the client's).
     """
-    if not 0 < port <= _MAX_PORT:
+    if not 0 < port <= MAX_PORT:
         raise ValueError(f"listening port out of range: {port}")
     remedy = f"connect to http://127.0.0.1:{port}/ (Host must be 127.0.0.1:{port}, localhost:{port} or [::1]:{port})"
     if not values:
@@ -68,7 +58,7 @@ def check_host(values: Sequence[str], *, port: int) -> None:
     # because str.lower() maps some non-ASCII letters onto ASCII ones (e.g. KELVIN SIGN -> "k").
     if value.isascii() and value.lower() in {f"{name}:{port}" for name in _LOOPBACK_NAMES}:
         return
-    raise HostRejected(f"Host {_show(value)} refused: {_host_problem(value, port)}; {remedy}")
+    raise HostRejected(f"Host {preview(value, _SHOW_MAX)} refused: {_host_problem(value, port)}; {remedy}")
 
 
 def _host_problem(value: str, port: int) -> str:
@@ -77,7 +67,7 @@ def _host_problem(value: str, port: int) -> str:
         return "empty"
     if not value.isascii() or not set(value) <= _HOST_CHARS:
         return "characters outside a loopback host:port (userinfo, space, comma, path...)"
-    name, port_text = _split_host_port(value)
+    name, port_text = split_host_port(value)
     if name.lower() not in _LOOPBACK_NAMES:
         return "not a loopback name"
     if port_text is None:
@@ -87,27 +77,16 @@ def _host_problem(value: str, port: int) -> str:
     return "not an accepted form"
 
 
-def _split_host_port(value: str) -> tuple[str, str | None]:
-    """Split ``name[:port]`` or ``[v6][:port]`` without any URL parser; the port is ``None`` if absent."""
-    if value.startswith("["):
-        end = value.find("]")
-        if end == -1:
-            return value, None
-        name, rest = value[: end + 1], value[end + 1 :]
-        return (name, rest[1:]) if rest.startswith(":") else (value if rest else name, None)
-    name, sep, port_text = value.partition(":")
-    return (name, port_text) if sep else (name, None)
-
-
 # --- Origin ----------------------------------------------------------------------------------------
 
 
 def check_origin(values: Sequence[str], *, allowed: frozenset[Origin]) -> None:
     """Accept a request with no ``Origin``, or exactly one whose (scheme, host, port) is in ``allowed``.
 
-    ``allowed`` holds tuples as made by ``sidecar.config.parse_origin`` (lower-case host, IPv6 without
-    brackets, default port filled in). More than one value, ``null``, empty, unparsable, or any origin not
-    exactly in ``allowed`` raises ``OriginRejected``. Never raises anything else, whatever the input.
+    ``allowed`` holds tuples as made by ``sidecar.origins.parse_origin``, the parser applied to the header
+    here too (lower-case host, IPv6 without brackets, default port filled in). More than one value,
+    ``null``, empty, unparsable, or any origin not exactly in ``allowed`` raises ``OriginRejected``. Never
+    raises anything else, whatever the input.
     """
     if not values:
         return  # CLI and SDK clients send no Origin; browsers always do on the requests that matter.
@@ -119,45 +98,13 @@ def check_origin(values: Sequence[str], *, allowed: frozenset[Origin]) -> None:
         # SECURITY: "null" is the opaque origin of sandboxed frames, file:// pages and cross-origin
         # redirects: it identifies no one, so it can never be allowed.
         raise OriginRejected("Origin 'null' (an opaque origin) is never allowed")
-    origin = _parse_origin(value)
-    if origin is None:
-        raise OriginRejected(f"Origin {_show(value)} is not scheme://host[:port]")
+    try:
+        origin = parse_origin(value)
+    except ValueError:
+        raise OriginRejected(f"Origin {preview(value, _SHOW_MAX)} is not scheme://host[:port]") from None
     # SECURITY: exact tuple match; never a prefix, suffix or pattern match.
     if origin not in allowed:
-        raise OriginRejected(f"Origin {_show(value)} is not allowed; {remedy}")
-
-
-def _parse_origin(text: str) -> Origin | None:
-    """Parse an RFC 6454 serialised origin ``scheme "://" host [ ":" port ]``; ``None`` if it is not one.
-
-    Stricter than ``urlsplit`` (which drops tabs and newlines and accepts userinfo): only ASCII, only
-    ``http``/``https``, a reg-name of unreserved characters or a bracketed IPv6 literal, and a port of
-    1-5 digits without a leading zero. Path, query, fragment and userinfo make it unparsable.
-    """
-    if not text.isascii():
-        return None
-    scheme, sep, authority = text.partition("://")
-    scheme = scheme.lower()
-    if not sep or scheme not in _DEFAULT_PORTS:
-        return None
-    host, port_text = _split_host_port(authority)
-    host = host.lower()
-    if host.startswith("[") and host.endswith("]") and len(host) > 2 and set(host[1:-1]) <= _IPV6_CHARS:
-        host = host[1:-1]  # parse_origin() keeps IPv6 hosts without brackets; compare like with like.
-    elif not host or not set(host) <= _REG_NAME_CHARS:
-        return None
-    if port_text is None:
-        return (scheme, host, _DEFAULT_PORTS[scheme])
-    port = _parse_port(port_text)
-    return None if port is None else (scheme, host, port)
-
-
-def _parse_port(text: str) -> int | None:
-    """1-5 ASCII digits, no leading zero, 1..65535; else ``None`` (``int()`` alone takes ``+1``, ``1_0``)."""
-    if not 0 < len(text) <= 5 or not set(text) <= _DIGITS or text.startswith("0"):
-        return None
-    port = int(text)
-    return port if port <= _MAX_PORT else None
+        raise OriginRejected(f"Origin {preview(value, _SHOW_MAX)} is not allowed; {remedy}")
 
 
 # --- Sec-Fetch-Site and the request target ---------------------------------------------------------
@@ -177,7 +124,7 @@ def check_fetch_site(values: Sequence[str]) -> None:
                 # SECURITY: a second CSRF signal beside Origin: browser no-cors GETs (<script>, <img>)
                 # carry no Origin, but they do carry Sec-Fetch-Site.
                 raise FetchSiteRejected(
-                    f"Sec-Fetch-Site {_show(item.strip())} refused: sidecar serves no other site's pages; "
+                    f"Sec-Fetch-Site {preview(item.strip(), _SHOW_MAX)} refused: sidecar serves no other site's pages; "
                     "call it from a local client, not from a web page"
                 )
 
@@ -194,6 +141,6 @@ def check_target(raw_target: str) -> None:
         return
     shown = raw_target.partition("?")[0].partition("#")[0]  # the query may carry an OAuth code
     raise HostRejected(
-        f"request target {_show(shown)} refused: send the path only (origin-form, e.g. GET /mcp), "
+        f"request target {preview(shown, _SHOW_MAX)} refused: send the path only (origin-form, e.g. GET /mcp), "
         "with the host in the Host header"
     )

@@ -24,14 +24,15 @@ after-the-fact edits by tools that do not know the format — not against the us
 
 When a log is reopened and its tail disagrees with the head (truncated, torn last line, head missing),
 the log records that in an ``audit.recovered`` record before anything else, so the evidence survives the
-next head flush; ``verify`` reports such records as problems.
+next head flush; the verifier (``sidecar.store.auditverify``, ``sidecar audit --verify``) reports such
+records as problems. It reads the log with this module's format functions (``parse_record``,
+``read_head``, ``record_hash``, ``line_hash``), so writer and verifier cannot disagree on the format.
 
-Callers must never pass secrets: record argument *shapes* with ``shape_of``, not values.
+Callers must never pass secrets: record argument *shapes* (``sidecar.bus.shapes.shape_of``), not values.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -39,33 +40,38 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from sidecar.canonical import canonical_json, utc_timestamp
 from sidecar.errors import StorageError
 from sidecar.store.files import append_line, loads_strict, open_append, open_private, read_private, write_atomic
 
-__all__ = ["RECOVERED_EVENT", "RESERVED_KEYS", "AuditLog", "VerifyReport", "shape_of", "verify"]
+__all__ = [
+    "GENESIS",
+    "HASH_FORM",
+    "RECOVERED_EVENT",
+    "RESERVED_KEYS",
+    "AuditLog",
+    "line_hash",
+    "parse_record",
+    "read_head",
+    "record_hash",
+]
 
 logger = logging.getLogger(__name__)
 
 RESERVED_KEYS: Final = frozenset({"seq", "ts", "event", "prev", "hash"})
 RECOVERED_EVENT: Final = "audit.recovered"
-_GENESIS: Final = "0" * 64
+GENESIS: Final = "0" * 64
+"""The ``prev`` of the first record."""
 _HEAD_EVERY: Final = 4096  # most records between head flushes, whatever the time
 _HEAD_INTERVAL: Final = 1.0  # seconds between head flushes under load; one flush costs ~2 fsyncs (~1-12 ms)
 _TAIL_BLOCK: Final = 8192  # bytes read per step when seeking the last line from the end
 _MAX_LINE: Final = 1024 * 1024  # a longer "last line" is damage, not a record
-_HEX64: Final = re.compile(r"[0-9a-f]{64}")
-
-
-_ENCODER: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-"""The canonical form; one encoder for the process (``json.dumps`` builds one per call)."""
-
-
-def _canonical(record: dict[str, object]) -> bytes:
-    return _ENCODER.encode(record).encode("ascii")
+HASH_FORM: Final = re.compile(r"[0-9a-f]{64}")
+"""What a record's ``hash`` looks like (lowercase SHA-256 hex; use ``fullmatch``)."""
 
 
 def _seal(record: dict[str, object]) -> tuple[str, bytes]:
@@ -76,35 +82,24 @@ def _seal(record: dict[str, object]) -> tuple[str, bytes]:
     assembled from them: the same bytes as two whole encodings, for a quarter fewer instructions per
     record (callgrind: 114 k against 147 k).
     """
-    below = _ENCODER.encode({k: v for k, v in record.items() if k < "hash"})[1:-1]  # members, no braces
-    above = _ENCODER.encode({k: v for k, v in record.items() if k > "hash"})[1:-1]
-    digest = _sha256(("{" + ",".join(filter(None, (below, above))) + "}").encode("ascii"))
-    line = "{" + ",".join(filter(None, (below, f'"hash":"{digest}"', above))) + "}"
-    return digest, line.encode("ascii")
+    below = canonical_json({k: v for k, v in record.items() if k < "hash"})[1:-1]  # members, no braces
+    above = canonical_json({k: v for k, v in record.items() if k > "hash"})[1:-1]
+    digest = line_hash(b"{" + b",".join(filter(None, (below, above))) + b"}")
+    line = b"{" + b",".join(filter(None, (below, b'"hash":"%s"' % digest.encode("ascii"), above))) + b"}"
+    return digest, line
 
 
-def _sha256(data: bytes) -> str:
+def line_hash(data: bytes) -> str:
+    """SHA-256 hex of a line without its newline: the next record's ``prev``."""
     return hashlib.sha256(data).hexdigest()
 
 
-def _record_hash(record: dict[str, object]) -> str:
-    return _sha256(_canonical({k: v for k, v in record.items() if k != "hash"}))
+def record_hash(record: dict[str, object]) -> str:
+    """What ``record``'s ``hash`` must be: SHA-256 hex of its canonical JSON without ``hash``."""
+    return line_hash(canonical_json({k: v for k, v in record.items() if k != "hash"}))
 
 
-def _now() -> str:
-    """RFC 3339, UTC, milliseconds: ``2025-01-02T03:04:05.678Z``."""
-    now = time.time()
-    second = int(now)
-    return f"{_second(second)}.{int((now - second) * 1000):03d}Z"
-
-
-@functools.lru_cache(maxsize=4)
-def _second(second: int) -> str:
-    """The date and time to the second (formatting it for every record cost more than the hash)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-
-
-def _parse_record(line: bytes) -> dict[str, object] | None:
+def parse_record(line: bytes) -> dict[str, object] | None:
     """A line as an audit record, or ``None`` if it is not JSON or lacks the chain fields."""
     try:
         record = loads_strict(line)
@@ -122,7 +117,7 @@ def _parse_record(line: bytes) -> dict[str, object] | None:
     return record
 
 
-def _read_head(head_path: Path) -> tuple[int, str] | None:
+def read_head(head_path: Path) -> tuple[int, str] | None:
     """``(seq, hash)`` from the head file; ``None`` if absent. A damaged head is a ``StorageError``."""
     try:
         raw = read_private(head_path, max_bytes=4096)
@@ -172,7 +167,7 @@ def _read_tail(path: Path) -> _Tail:
     if start == 0 and pos > 0:
         return _Tail(None, None, complete=True, torn=torn)  # a "line" longer than any record we write
     line = buf[start:end]
-    return _Tail(line, _parse_record(line), complete=True, torn=torn)
+    return _Tail(line, parse_record(line), complete=True, torn=torn)
 
 
 def _scan_last_record(path: Path) -> tuple[bytes | None, dict[str, object] | None]:
@@ -181,7 +176,7 @@ def _scan_last_record(path: Path) -> tuple[bytes | None, dict[str, object] | Non
     with open_private(path) as handle:
         for raw in handle:
             if raw.endswith(b"\n"):
-                record = _parse_record(raw[:-1])
+                record = parse_record(raw[:-1])
                 if record is not None:
                     last = (raw[:-1], record)
     return last
@@ -218,7 +213,7 @@ class AuditLog:
         self._lock = threading.Lock()
         self._closed = False
         self._seq = 0
-        self._prev = _GENESIS
+        self._prev = GENESIS
         self._last_hash = ""
         self._unflushed = 0
         self._head_written = False
@@ -233,7 +228,7 @@ class AuditLog:
         problems: list[str] = []
         head_unreadable = False
         try:
-            head = _read_head(self.head_path)
+            head = read_head(self.head_path)
         except StorageError as exc:
             head, head_unreadable = None, True
             problems.append(f"head unreadable ({exc})")  # the next head flush replaces it
@@ -250,8 +245,8 @@ class AuditLog:
             line, record = _scan_last_record(self.path)
         if record is not None and line is not None:
             seq = record["seq"]
-            assert isinstance(seq, int)  # checked by _parse_record
-            self._seq, self._prev, self._last_hash = seq, _sha256(line), str(record["hash"])
+            assert isinstance(seq, int)  # checked by parse_record
+            self._seq, self._prev, self._last_hash = seq, line_hash(line), str(record["hash"])
         if head is None:
             if self._seq > 0 and not head_unreadable:
                 problems.append("head file missing")
@@ -276,7 +271,7 @@ class AuditLog:
                 raise StorageError(f"audit log {self.path} is closed")
             record: dict[str, object] = {
                 "seq": self._seq + 1,
-                "ts": _now(),
+                "ts": utc_timestamp(),
                 "event": event,
                 **fields,
                 "prev": self._prev,
@@ -293,7 +288,7 @@ class AuditLog:
             os.write(self._fd, line)
             if self._fsync:
                 os.fsync(self._fd)
-            self._seq, self._prev, self._last_hash = self._seq + 1, _sha256(line[:-1]), str(record["hash"])
+            self._seq, self._prev, self._last_hash = self._seq + 1, line_hash(line[:-1]), str(record["hash"])
             self._unflushed += 1
             now = time.monotonic()
             if (
@@ -304,12 +299,6 @@ class AuditLog:
                 self._write_head()
                 self._head_at = now
         return record
-
-    def flush_head(self) -> None:
-        """Write the head now (e.g. before a backup); ``close()`` does it too."""
-        with self._lock:
-            if self._unflushed:
-                self._write_head()
 
     def _write_head(self) -> None:
         body = json.dumps({"seq": self._seq, "hash": self._last_hash}, sort_keys=True) + "\n"
@@ -334,175 +323,3 @@ class AuditLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    """What ``verify`` found: ``ok`` when ``problems`` is empty. Problems name the line they are on."""
-
-    ok: bool
-    records: int
-    problems: list[str] = field(default_factory=list)
-
-
-def verify(path: Path, *, head_path: Path | None = None) -> VerifyReport:
-    """Check every record's hash, the chain of ``prev``, the ``seq`` run and the head; stream the file.
-
-    Detects a record edited, deleted, inserted, reordered, and records cut off the end (back to the last
-    flushed head). Reports ``audit.recovered`` records (damage found when the log was reopened).
-    """
-    head_path = head_path if head_path is not None else path.with_suffix(".head")
-    problems: list[str] = []
-    try:
-        head = _read_head(head_path)
-    except StorageError as exc:
-        problems.append(f"head: {exc}")
-        head = None
-    chain = _Chain(head, problems)
-    try:
-        with open_private(path) as handle:
-            for number, raw in enumerate(handle, start=1):
-                chain.check_line(number, raw)
-    except FileNotFoundError:
-        if head is not None and head[0] > 0:
-            problems.append(f"tail: head says {head[0]} records, the log file is missing")
-        return VerifyReport(ok=not problems, records=0, problems=problems)
-    chain.check_tail(head_damaged=bool(problems) and problems[0].startswith("head:"))
-    return VerifyReport(ok=not problems, records=chain.records, problems=problems)
-
-
-class _Chain:
-    """``verify``'s walk: what the next line must match, and the problems found so far."""
-
-    def __init__(self, head: tuple[int, str] | None, problems: list[str]) -> None:
-        self.head = head
-        self.problems = problems
-        self.records = 0
-        self.last_seq = 0
-        self.expected_prev = _GENESIS
-        self.previous_damaged = False  # the previous line was already reported: skip its knock-on prev
-        self.head_record_hash: str | None = None
-
-    def check_line(self, number: int, raw: bytes) -> None:
-        if not raw.endswith(b"\n"):
-            self.problems.append(f"line {number}: incomplete last line (torn write)")
-            return
-        line = raw[:-1]
-        record = _parse_record(line)
-        if record is None:
-            kind = "not an audit record" if _is_json(line) else "not JSON"
-            self.problems.append(f"line {number}: {kind}")
-            self.previous_damaged = True
-            return
-        self.records += 1
-        seq = record["seq"]
-        assert isinstance(seq, int)  # checked by _parse_record
-        edited = self._check_content(number, line, record)
-        if record["prev"] != self.expected_prev and not self.previous_damaged:
-            if self.last_seq == 0:
-                self.problems.append(f"line {number}: prev is not the start of a chain (records deleted)")
-            else:
-                self.problems.append(
-                    f"line {number}: prev does not match line {number - 1} (record deleted, inserted or reordered)"
-                )
-        if seq != self.last_seq + 1:
-            self.problems.append(f"line {number}: seq {seq} expected {self.last_seq + 1}")
-        if record["event"] == RECOVERED_EVENT:
-            self.problems.append(f"line {number}: log was damaged while closed: {record.get('reason')}")
-        if self.head is not None and seq == self.head[0]:
-            self.head_record_hash = str(record["hash"])
-        # Follow the file's own numbering after a gap, so one deletion is one problem, not a cascade.
-        self.last_seq, self.expected_prev, self.previous_damaged = seq, _sha256(line), edited
-
-    def _check_content(self, number: int, line: bytes, record: dict[str, object]) -> bool:
-        if not _HEX64.fullmatch(str(record["hash"])) or record["hash"] != _record_hash(record):
-            self.problems.append(f"line {number}: hash mismatch (record edited)")
-            return True
-        if line != _canonical(record):
-            self.problems.append(f"line {number}: not in canonical form (record edited)")
-            return True
-        return False
-
-    def check_tail(self, *, head_damaged: bool) -> None:
-        if self.head is None:
-            if self.records and not head_damaged:
-                self.problems.append("tail: head file missing (truncation cannot be checked)")
-        elif self.head[0] > self.last_seq:
-            self.problems.append(f"tail: head says {self.head[0]} records, file has {self.last_seq} (truncated)")
-        elif self.head[0] > 0 and self.head_record_hash != self.head[1]:
-            self.problems.append(f"tail: record {self.head[0]} does not match the head (rewritten)")
-
-
-def _is_json(line: bytes) -> bool:
-    try:
-        loads_strict(line)
-    except ValueError:
-        return False
-    return True
-
-
-# --- argument shapes -------------------------------------------------------------------------------------
-
-_SHAPE_DEPTH: Final = 6  # nesting shown before a container is summarised as "dict"/"list"
-_SHAPE_KEYS: Final = 32  # keys shown per object
-_SHAPE_ITEMS: Final = 4  # distinct item shapes shown per array
-_SHAPE_BUDGET: Final = 256  # nodes in the whole shape: bounds the record whatever the arguments
-_KEY_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
-_MORE: Final = "…"
-
-
-def shape_of(value: object) -> object:
-    """The *shape* of tool arguments — types and keys, never values — bounded in depth and size.
-
-    ``{"a": "x", "b": {"c": 1}, "l": ["s", "t"]}`` → ``{"a": "str", "b": {"c": "int"}, "l": ["str"]}``.
-    Scalars become ``"str" "int" "float" "bool" "null"``; arrays list their distinct item shapes.
-    # SECURITY: keys are kept only when they look like identifiers (schema property names); any other key
-    # may itself be data (a map keyed by e-mail or token), so it is counted under ``"…"``, never written.
-    """
-    budget = [_SHAPE_BUDGET]
-    return _shape(value, 0, budget)
-
-
-_SCALARS: Final[tuple[tuple[type, str], ...]] = (
-    (bool, "bool"),  # before int: bool is an int
-    (int, "int"),
-    (float, "float"),
-    (str, "str"),
-    (type(None), "null"),
-)
-
-
-def _shape(value: object, depth: int, budget: list[int]) -> object:
-    budget[0] -= 1
-    for kind, name in _SCALARS:
-        if isinstance(value, kind):
-            return name
-    if isinstance(value, dict):
-        return "dict" if depth >= _SHAPE_DEPTH or budget[0] <= 0 else _shape_dict(value, depth, budget)
-    if isinstance(value, list | tuple):
-        return "list" if depth >= _SHAPE_DEPTH or budget[0] <= 0 else _shape_list(value, depth, budget)
-    return "object"
-
-
-def _shape_dict(value: dict[object, object], depth: int, budget: list[int]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    hidden = 0
-    for key, item in value.items():
-        if isinstance(key, str) and _KEY_RE.fullmatch(key) and len(out) < _SHAPE_KEYS and budget[0] > 0:
-            out[key] = _shape(item, depth + 1, budget)
-        else:
-            hidden += 1
-    if hidden:
-        out[_MORE] = f"{hidden} more keys"
-    return out
-
-
-def _shape_list(value: list[object] | tuple[object, ...], depth: int, budget: list[int]) -> list[object]:
-    items: list[object] = []
-    for item in value:
-        if len(items) >= _SHAPE_ITEMS or budget[0] <= 0:
-            break
-        shape = _shape(item, depth + 1, budget)
-        if shape not in items:
-            items.append(shape)
-    return items

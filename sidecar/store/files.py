@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from sidecar.errors import StorageError
+from sidecar.text import preview
 
 __all__ = [
     "StrictJsonError",
@@ -158,7 +159,7 @@ def _reject_constant(name: str) -> Any:
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):  # the common case costs one dict build and one comparison
-        raise StrictJsonError("an object names the same member twice", f"duplicate key {_repeated(pairs)[:80]!r}")
+        raise StrictJsonError("an object names the same member twice", f"duplicate key {preview(_repeated(pairs), 80)}")
     return result
 
 

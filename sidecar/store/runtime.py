@@ -3,30 +3,14 @@ imports it for every command, so it must not pull in the server."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 from sidecar.errors import StorageError
 from sidecar.paths import Paths
 from sidecar.store.files import read_json
+from sidecar.system import pid_alive
 
-__all__ = ["pid_alive", "read_runtime"]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running process (a zombie, exited but not yet reaped, counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (macOS): the signal check is all there is
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+__all__ = ["read_runtime"]
 
 
 def read_runtime(paths: Paths) -> dict[str, Any] | None:

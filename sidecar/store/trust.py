@@ -46,15 +46,18 @@ import stat
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
+from sidecar.canonical import canonical_json, utc_timestamp
 from sidecar.errors import NotFound, StorageError
 from sidecar.store.files import loads_strict, read_private, remove_quietly, write_atomic
+from sidecar.system import pid_alive
+from sidecar.text import preview
 
 __all__ = [
     "EVENT_GRANTED",
@@ -103,7 +106,7 @@ def tool_fingerprint(tool: Mapping[str, Any]) -> str:
     A missing field counts as ``null``; key order does not matter. Other fields do not change it.
     """
     subset = {field: tool.get(field) for field in _FINGERPRINT_FIELDS}
-    return hashlib.sha256(_canonical(subset)).hexdigest()
+    return hashlib.sha256(canonical_json(subset)).hexdigest()
 
 
 # --- the file format -----------------------------------------------------------------------------------
@@ -161,14 +164,10 @@ class _Document(BaseModel):
         for key, entry in self.connectors.items():
             match = _KEY.fullmatch(key)
             if match is None:
-                raise ValueError(f"key {key[:80]!r} is not '<name>::<64 hex>'")
+                raise ValueError(f"key {preview(key, 80)} is not '<name>::<64 hex>'")
             if match["name"] != entry.name:
-                raise ValueError(f"key {key[:80]!r} does not belong to name {entry.name[:80]!r}")
+                raise ValueError(f"key {preview(key, 80)} does not belong to name {preview(entry.name, 80)}")
         return self
-
-
-def _canonical(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 def _parse(raw: bytes, path: Path) -> dict[str, TrustRecord]:
@@ -200,23 +199,6 @@ def _serialize(records: Mapping[str, TrustRecord]) -> bytes:
     }
     text = json.dumps(document, indent=2, sort_keys=True, ensure_ascii=True, allow_nan=False)
     return (text + "\n").encode("ascii")
-
-
-def _now() -> str:
-    """RFC 3339, UTC, milliseconds: ``2025-01-02T03:04:05.678Z``."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return True  # not a pid we can reason about: leave its file alone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):
-        return True  # EPERM: someone else's live process; or not a pid at all: leave the file alone
-    return True
 
 
 # --- the store -----------------------------------------------------------------------------------------
@@ -272,7 +254,7 @@ class TrustStore:
             replaced = sorted(k for k, r in base.items() if r.name == name and k != key)
             if existing is not None and existing.name == name and not replaced:
                 return existing
-            record = TrustRecord(key=key, name=name, trusted_at=_now(), tools=MappingProxyType({}))
+            record = TrustRecord(key=key, name=name, trusted_at=utc_timestamp(), tools=MappingProxyType({}))
             records = {k: r for k, r in base.items() if k not in replaced}
             records[key] = record
             self._commit(records, previous)
@@ -428,7 +410,7 @@ class TrustStore:
             return
         for entry in entries:
             match = pattern.fullmatch(entry.name)
-            if match is None or int(match[1]) == os.getpid() or _pid_alive(int(match[1])):
+            if match is None or int(match[1]) == os.getpid() or pid_alive(int(match[1])):
                 continue
             try:
                 info = entry.stat(follow_symlinks=False)

@@ -13,10 +13,12 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import anyio
 import psutil
 import pytest
 from mcp import Client
@@ -30,6 +32,7 @@ from sidecar.connectors.process import (
     ProcessState,
     ProcessStateError,
 )
+from sidecar.system import pid_alive
 
 FIXTURES = Path(__file__).parent / "fixtures"
 WAIT = 20.0
@@ -395,3 +398,55 @@ async def test_a_stop_cancelled_before_it_began_still_kills_the_connector() -> N
 def test_limits_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_line_bytes"):
         ProcessLimits(max_line_bytes=0)
+
+
+# --- failed or stopped: how it ended decides whether `connectors show` reports it ------------------------
+
+
+async def test_a_stopped_connector_has_not_failed_and_a_crashed_one_has() -> None:
+    async with connector("echo_server.py") as stopped:
+        pass
+    assert stopped.exit_reason == "stopped" and not stopped.failed
+    async with connector("echo_server.py") as crashed, session(crashed) as client:
+        with pytest.raises(MCPError):
+            async with asyncio.timeout(WAIT):
+                await client.call_tool("crash", {})
+        async with asyncio.timeout(WAIT):
+            await crashed.exited.wait()
+    assert crashed.exit_reason == "exited with code 3" and crashed.failed
+    unstartable = ConnectorProcess(["/nonexistent/connector"], env=BASE_ENV, cwd=None)
+    with pytest.raises(FileNotFoundError):
+        await unstartable.__aenter__()
+    assert unstartable.failed
+
+
+async def test_a_stop_that_comes_after_the_connector_ended_its_output_names_the_exit_code() -> None:
+    # It closes stdout, then exits with 5 a little later: a stop in between (as when a session fails on the
+    # EOF) must not pass its exit off as "stopped".
+    script = "import os, sys, time\nos.close(1)\ntime.sleep(0.5)\nsys.exit(5)\n"
+    process = ConnectorProcess([sys.executable, "-c", script], env=BASE_ENV, cwd=None)
+    async with process:
+        async with asyncio.timeout(WAIT), process.transport() as (read, _):
+            with pytest.raises(anyio.EndOfStream):
+                await read.receive()
+        assert process.returncode is None
+        async with asyncio.timeout(STOP_BOUND):
+            await process.stop()
+    assert process.exit_reason == "exited with code 5" and process.failed
+
+
+async def test_a_stop_that_comes_after_the_exit_but_before_its_code_is_collected_names_the_code() -> None:
+    process = ConnectorProcess([sys.executable, "-c", "import sys; sys.exit(4)"], env=BASE_ENV, cwd=None)
+    async with process:
+        pid = process.pid
+        assert pid is not None
+        # Hold the event loop (on purpose, bounded) until the child is gone or a zombie: asyncio cannot collect
+        # its exit code meanwhile, so stop() finds it exited without a code.
+        deadline = time.monotonic() + WAIT
+        while pid_alive(pid):
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.005)
+        assert process.returncode is None
+        async with asyncio.timeout(STOP_BOUND):
+            await process.stop()
+    assert process.exit_reason == "exited with code 4" and process.failed

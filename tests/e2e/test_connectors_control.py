@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import Daemon
+import pytest
+
+from tests.conftest import Daemon, mcp_client, sidecar_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,3 +107,107 @@ async def test_a_tampered_trust_store_is_refused_and_trusts_nothing(daemon: Daem
     assert store.is_symlink() and evidence.read_text() == original  # the evidence is left as it was
     # The last good snapshot stays in force: what was trusted stays trusted, nothing more.
     assert _states(await daemon.control("GET", "/control/connectors"))["workspace"] == "trusted"
+
+
+# --- the last failure: which session, when, why, and the end of its stderr ------------------------------
+
+DYING = str(REPO / "tests" / "connectors" / "fixtures" / "dying.py")
+SECRET = "sk-live-never-shown-7f3a"
+BOUND = 30.0
+"""Seconds any one wait may take (a fail-safe, not a timing assertion)."""
+
+
+def _dying(**env: str) -> dict[str, Any]:
+    # PYTHONIOENCODING: the fixture's non-ASCII stderr goes out as UTF-8 whatever the test's locale.
+    environment = {"API_TOKEN": SECRET, "PYTHONIOENCODING": "utf-8", **env}
+    return {"command": sys.executable, "args": [DYING], "env": environment}
+
+
+def _assert_last_words(failure: dict[str, Any] | None, *, session_id: str) -> None:
+    """dying.py's 28 lines, as ``connectors show`` keeps them: the last 20, escaped, each cut at 300."""
+    assert failure is not None
+    assert failure["session_id"] == session_id
+    assert failure["reason"] == "exited with code 7"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", failure["at"]), failure["at"]
+    stderr = failure["stderr"]
+    assert len(stderr) == 20
+    assert stderr[:2] == ["dying: line 8", "dying: line 9"]
+    assert stderr[-3] == "dying: \\x1b[31mred\\x1b[0m \\u202eevil"  # escaped: no terminal escape, no bidi
+    assert stderr[-2].startswith("dying: xxx") and stderr[-2].endswith("...") and len(stderr[-2]) == 300
+    assert stderr[-1] == "dying: fatal: the upstream API refused us"
+
+
+async def _cli(home: Path, *args: str) -> str:
+    """``python -m sidecar ARGS`` against the in-process daemon, without blocking its event loop."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar",
+        *args,
+        env=sidecar_env(home),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(BOUND):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode(errors="replace")
+    return out.decode()
+
+
+async def test_a_connector_that_fails_to_start_shows_its_last_stderr_lines(daemon: Daemon, home: Path) -> None:
+    _write_user_servers(daemon, {"dying": _dying(DIE_AT_START="1")})
+    trusted = await daemon.control("POST", "/control/connectors/dying/trust")
+    assert trusted["state"] == "error" and "exited with code 7" in trusted["error"], trusted
+    shown = await daemon.control("GET", "/control/connectors/dying")
+    _assert_last_words(shown["last_failure"], session_id="probe:dying")  # the probe that trusting runs
+    assert "API_TOKEN" in shown["env_keys"] and SECRET not in json.dumps(shown)
+
+    as_json, as_text = await asyncio.gather(
+        _cli(home, "connectors", "show", "dying", "--json"), _cli(home, "connectors", "show", "dying")
+    )
+    assert json.loads(as_json)["last_failure"] == shown["last_failure"]
+    assert "session probe:dying: exited with code 7" in as_text
+    assert "  | dying: fatal: the upstream API refused us" in as_text
+    assert "  | dying: \\x1b[31mred" in as_text and "\x1b" not in as_text and "\u202e" not in as_text
+    assert SECRET not in as_json + as_text
+
+
+async def test_a_connector_that_dies_mid_call_shows_the_session_and_logs_its_stderr_once(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    _write_user_servers(daemon, {"dying": _dying()})
+    assert (await daemon.control("POST", "/control/connectors/dying/trust"))["state"] == "trusted"
+    assert (await daemon.control("GET", "/control/connectors/dying"))["last_failure"] is None
+    caplog.set_level(logging.WARNING, logger="sidecar.connectors.failures")
+    session = await daemon.new_session(mode="bypass")
+    async with mcp_client(session) as client:
+        result = await client.call_tool("mcp__dying__die", {})
+    assert result.is_error and "stopped unexpectedly" in str(result.content), result
+    shown = await daemon.control("GET", "/control/connectors/dying")
+    _assert_last_words(shown["last_failure"], session_id=session["session_id"])
+
+    [logged] = [r for r in caplog.records if r.name == "sidecar.connectors.failures"]
+    assert logged.levelno == logging.WARNING
+    message = logged.getMessage()
+    assert session["session_id"] in message and "exited with code 7" in message
+    assert "  | dying: fatal: the upstream API refused us" in message and "\x1b" not in message
+    assert "dying: line 7" not in message and len(message) < 20 * 300 + 500
+    assert SECRET not in caplog.text
+
+
+async def test_a_relayed_connector_that_dies_mid_call_shows_the_session_and_its_stderr(daemon: Daemon) -> None:
+    _write_user_servers(daemon, {"dying": _dying()})
+    assert (await daemon.control("POST", "/control/connectors/dying/trust"))["state"] == "trusted"
+    session = await daemon.new_session(mode="bypass", connector="dying")
+    async with mcp_client(session) as client:
+        with pytest.raises(Exception, match="connector dying stopped"):
+            await client.call_tool("die", {})
+        async with asyncio.timeout(BOUND):  # the relay reports it once the process is fully stopped
+            while (failure := (await daemon.control("GET", "/control/connectors/dying"))["last_failure"]) is None:
+                await asyncio.sleep(0.05)
+    _assert_last_words(failure, session_id=session["session_id"])

@@ -13,8 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.bus.shapes import shape_of
 from sidecar.errors import StorageError
-from sidecar.store.audit import RESERVED_KEYS, AuditLog, shape_of, verify
+from sidecar.store.audit import RESERVED_KEYS, AuditLog
+from sidecar.store.auditverify import verify
 
 
 @pytest.fixture
