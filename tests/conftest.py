@@ -2,6 +2,11 @@
 
 Every test runs with its own ``SIDECAR_HOME``; every wait is bounded; the autouse ``no_leaked_processes``
 fixture fails a test that leaves a child process behind.
+
+The ``slow`` marker means exactly "starts another process" (a daemon, a connector, Node, a ``python -c``
+probe); ``scripts/test --fast`` runs everything else. ``pytest_collection_modifyitems`` below applies it
+by fixture and by module, and the autouse ``slow_means_it_spawns`` fixture holds it exact both ways: an
+unmarked test that starts a process fails, and so does a marked one that passed without starting any.
 """
 
 from __future__ import annotations
@@ -13,10 +18,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import httpx2
@@ -34,6 +39,85 @@ from sidecar.store.runtime import read_runtime
 
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
+
+SLOW_FIXTURES: Final = frozenset({"daemon_process"})
+"""Fixtures that start a process: a test that uses one, directly or through another fixture, is slow."""
+SLOW_MODULES: Final[dict[str, frozenset[str]]] = {
+    # module (from the repository root): the names of its tests that start nothing
+    "tests/conformance/test_conformance.py": frozenset(),  # Node and the official suite
+    "tests/connectors/test_process.py": frozenset(
+        {"test_stop_before_start_needs_no_process", "test_limits_must_be_positive"}
+    ),
+    "tests/e2e/test_cli.py": frozenset(),  # the CLI and the daemon as a user runs them
+    "tests/e2e/test_connector_limits.py": frozenset(),  # process caps over real connector processes
+    "tests/e2e/test_connector_supervision.py": frozenset(),  # connectors that hang, flood, crash-loop or fork
+    "tests/e2e/test_connectors_proxy.py": frozenset(),  # connector processes behind /mcp
+    "tests/e2e/test_relay.py": frozenset(),  # a relayed connector process per MCP session
+    "tests/e2e/test_third_party_connectors.py": frozenset(),  # servers from PyPI and npm as user connectors
+}
+"""Modules whose tests start a process, all but the few named."""
+SLOW_TESTS: Final = frozenset({"tests/unit/test_trustkey.py::test_the_digest_is_stable_across_runs"})
+"""Single tests that start a process, in modules another change owns; elsewhere ``@pytest.mark.slow``."""
+_SPAWN_EVENTS: Final = frozenset({"subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.system"})
+"""Audit events (PEP 578) raised when this process starts another; asyncio's and anyio's subprocesses go
+through ``subprocess.Popen``."""
+_spawns: list[str] = []
+_slow_but_spawned_nothing: list[str] = []
+
+
+def _audit_spawns(event: str, args: tuple[Any, ...]) -> None:
+    if event in _SPAWN_EVENTS:
+        _spawns.append(f"{event} {args[1] if event == 'subprocess.Popen' else args[:1]!r}"[:200])
+
+
+sys.addaudithook(_audit_spawns)  # for the whole run: an audit hook cannot be removed
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = item.nodeid.partition("[")[0]  # "tests/unit/test_x.py::test_y", whatever its parameters
+        module, _, name = test.partition("::")
+        exempt = SLOW_MODULES.get(module)
+        fixtures = getattr(item, "fixturenames", ())  # with the fixtures its fixtures use
+        if (exempt is not None and name not in exempt) or test in SLOW_TESTS or SLOW_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.slow)
+
+
+_CALL: Final = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL] = report  # for slow_means_it_spawns, at teardown
+    return report
+
+
+@pytest.fixture(autouse=True)
+def slow_means_it_spawns(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that starts a process but is not marked ``slow``; note a ``slow`` one that started none.
+
+    Defined before ``no_leaked_processes`` and so set up before every fixture a test asks for: its window
+    holds their set-up and teardown too. A slow test that passed without starting a process is listed at
+    the end of the run rather than failed: a few spawn or not by a race (a stop during the spawn).
+    """
+    before = len(_spawns)
+    yield
+    spawned = _spawns[before:]
+    marked = request.node.get_closest_marker("slow") is not None
+    if spawned and not marked:
+        pytest.fail(f"started a process but is not marked slow (scripts/test --fast would run it): {spawned[0]}")
+    call = request.node.stash.get(_CALL, None)
+    if marked and not spawned and call is not None and call.passed:
+        _slow_but_spawned_nothing.append(request.node.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _slow_but_spawned_nothing:
+        terminalreporter.section("marked slow but started no process (scripts/test --fast could run them)")
+        for nodeid in _slow_but_spawned_nothing:
+            terminalreporter.line(nodeid)
 
 
 @pytest.fixture(autouse=True)

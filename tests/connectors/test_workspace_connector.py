@@ -100,6 +100,7 @@ def snapshot(top: Path, *, skip: Path) -> dict[str, str]:
 # -- happy paths ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_lists_a_directory_in_name_order_marking_directories_and_links(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "b.txt").write_text("b")
@@ -115,6 +116,7 @@ async def test_lists_a_directory_in_name_order_marking_directories_and_links(wor
         assert "not found" in await refused(client, "list_files", path="missing")
 
 
+@pytest.mark.slow
 async def test_lists_recursively_with_patterns_skipping_vcs_internals_and_stops_at_the_limit(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "pkg" / "sub").mkdir(parents=True)
@@ -137,6 +139,7 @@ async def test_lists_recursively_with_patterns_skipping_vcs_internals_and_stops_
         assert await ok(client, "list_files", pattern="*.none") == "(no matching entries)"
 
 
+@pytest.mark.slow
 async def test_reads_text_whole_or_in_pieces_that_join_up_at_the_reported_offsets(workspace: Path) -> None:
     async with connector(workspace) as client:
         text = "héllo wörld — ünïcode ✓\nsecond line\n"
@@ -163,6 +166,7 @@ async def test_reads_text_whole_or_in_pieces_that_join_up_at_the_reported_offset
         assert "past the end" in await refused(client, "read_file", path="doc.md", offset=10_000)
 
 
+@pytest.mark.slow
 async def test_refuses_binary_files_directories_and_missing_files_with_short_messages(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
@@ -179,6 +183,7 @@ async def test_refuses_binary_files_directories_and_missing_files_with_short_mes
         assert str(workspace) not in missing
 
 
+@pytest.mark.slow
 async def test_reads_latin1_text_with_replacement_characters_and_says_so(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "old.txt").write_bytes("café\n".encode("latin-1"))
@@ -188,6 +193,7 @@ async def test_reads_latin1_text_with_replacement_characters_and_says_so(workspa
         assert "not valid UTF-8" in texts(result)[1]
 
 
+@pytest.mark.slow
 async def test_searches_like_grep_skipping_binary_and_large_files(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "src").mkdir()
@@ -219,6 +225,7 @@ async def test_searches_like_grep_skipping_binary_and_large_files(workspace: Pat
         assert "invalid regular expression" in await refused(client, "search_files", query="(", regex=True)
 
 
+@pytest.mark.slow
 async def test_writes_atomically_by_rename_keeping_the_mode_and_leaving_no_temporary_files(workspace: Path) -> None:
     async with connector(workspace) as client:
         assert await ok(client, "write_file", path="new.txt", content="one\n") == "created new.txt (4 bytes)"
@@ -256,6 +263,7 @@ async def test_writes_atomically_by_rename_keeping_the_mode_and_leaving_no_tempo
         assert sorted(p.name for p in workspace.iterdir()) == ["a", "adir", "fresh.txt", "new.txt"]
 
 
+@pytest.mark.slow
 async def test_moves_files_and_directories_and_refuses_an_existing_target_without_overwrite(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "a.txt").write_text("A")
@@ -289,6 +297,7 @@ async def test_moves_files_and_directories_and_refuses_an_existing_target_withou
         assert sorted(p.name for p in workspace.iterdir()) == ["documentation", "other"]
 
 
+@pytest.mark.slow
 async def test_accepts_absolute_paths_inside_the_workspace_even_through_a_linked_root(
     workspace: Path, tmp_path: Path
 ) -> None:
@@ -344,6 +353,7 @@ def _escape_attempts(outside: Path) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+@pytest.mark.slow
 async def test_every_escape_attempt_is_refused_and_nothing_outside_is_read_or_written(
     workspace: Path, outside: Path, tmp_path: Path
 ) -> None:
@@ -373,6 +383,7 @@ async def test_every_escape_attempt_is_refused_and_nothing_outside_is_read_or_wr
     assert "Traceback" not in log.read_text()
 
 
+@pytest.mark.slow
 async def test_walks_never_follow_links_out_of_the_workspace(workspace: Path, outside: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "link_dir").symlink_to(outside)
@@ -386,6 +397,7 @@ async def test_walks_never_follow_links_out_of_the_workspace(workspace: Path, ou
         assert SECRET not in found
 
 
+@pytest.mark.slow
 async def test_links_that_stay_inside_are_read_but_never_written_or_moved_through(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "real").mkdir()
@@ -409,6 +421,7 @@ async def test_links_that_stay_inside_are_read_but_never_written_or_moved_throug
 # -- start-up and the package ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["unset", "missing", "a file", "placeholder"])
 def test_refuses_to_start_without_a_project_directory(case: str, tmp_path: Path) -> None:
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
@@ -456,6 +469,7 @@ def test_the_manifest_declares_the_package_format() -> None:
     }
 
 
+@pytest.mark.slow
 async def test_the_package_launches_from_its_mcp_json_and_serves_exactly_the_declared_tools(
     workspace: Path,
 ) -> None:

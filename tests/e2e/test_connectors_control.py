@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import Daemon
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +37,7 @@ async def test_sources_are_listed_untrusted_and_a_broken_entry_hides_nothing(dae
     assert "mcp.json" in problem and "broken" in problem and "command" in problem
 
 
+@pytest.mark.slow
 async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> None:
     _write_user_servers(daemon, {"time": TIME_SERVER})
     shown = await daemon.control("POST", "/control/connectors/time/trust")
@@ -61,6 +64,7 @@ async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> Non
     assert events == ["trust.granted", "trust.tools_approved"]
 
 
+@pytest.mark.slow
 async def test_untrust_and_retrust(daemon: Daemon) -> None:
     await daemon.control("POST", "/control/connectors/workspace/trust")
     assert (await daemon.control("POST", "/control/connectors/workspace/untrust"))["state"] == "configured"
@@ -88,6 +92,7 @@ async def test_install_validates_and_copies_a_package(daemon: Daemon, tmp_path: 
     assert not (daemon.paths.data / "connectors" / "broken").exists()
 
 
+@pytest.mark.slow
 async def test_a_tampered_trust_store_is_refused_and_trusts_nothing(daemon: Daemon, tmp_path: Path) -> None:
     await daemon.control("POST", "/control/connectors/workspace/trust")
     store = daemon.paths.state / "approvals.json"
