@@ -1,7 +1,8 @@
 """Shared fixtures: a real daemon on 127.0.0.1:0 (in-process or as a subprocess), MCP clients, raw HTTP.
 
 Every test runs with its own ``SIDECAR_HOME``; every wait is bounded; the autouse ``no_leaked_processes``
-fixture fails a test that leaves a child process behind.
+fixture fails a test that leaves a child process behind. Helpers that are not about fixtures (tool result
+text, bounded waits, trusting a user's connector, HTTP requests) are in ``helpers.py``.
 
 The ``slow`` marker means exactly "starts another process" (a daemon, a connector, Node, a ``python -c``
 probe); ``scripts/test --fast`` runs everything else. ``pytest_collection_modifyitems`` below applies it
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
 import httpx2
 import psutil
 import pytest
@@ -36,6 +36,7 @@ from sidecar.daemon import serve
 from sidecar.paths import Paths
 from sidecar.service import serve_argv
 from sidecar.store.runtime import read_runtime
+from tests.helpers import control_request, response_head
 
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
@@ -166,20 +167,10 @@ class Daemon:
         return f"{self.url}/mcp"
 
     async def control(self, method: str, path: str, body: Any = None, *, expect: int | None = 200) -> Any:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.request(
-                method,
-                self.url + path,
-                json=body,
-                headers={"Authorization": f"Bearer {self.control_token}"},
-                timeout=aiohttp.ClientTimeout(total=15),
-            ) as response,
-        ):
-            data = await response.json(content_type=None)
-            if expect is not None:
-                assert response.status == expect, data
-            return data
+        status, data = await control_request(self.url, self.control_token, method, path, body)
+        if expect is not None:
+            assert status == expect, data
+        return data
 
     async def new_session(self, **spec: Any) -> dict[str, Any]:
         spec.setdefault("workspace", str(self.workspace))
@@ -219,15 +210,8 @@ async def running_daemon(
 
 
 async def _stop_in_process(runtime: dict[str, Any], task: asyncio.Task[int]) -> None:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(
-            runtime["url"] + "/control/stop",
-            headers={"Authorization": f"Bearer {runtime['control_token']}"},
-            timeout=aiohttp.ClientTimeout(total=10),
-        ) as response,
-    ):
-        assert response.status == 202
+    status, data = await control_request(runtime["url"], runtime["control_token"], "POST", "/control/stop")
+    assert status == 202, data
     await asyncio.wait_for(task, STOP_TIMEOUT)
 
 
@@ -235,15 +219,6 @@ async def _stop_in_process(runtime: dict[str, Any], task: asyncio.Task[int]) -> 
 async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
     async with running_daemon(Paths.resolve(), workspace) as d:
         yield d
-
-
-async def trust_user_server(daemon: Daemon, connector_id: str, script: Path) -> None:
-    """Configure ``python script`` as the user's MCP server ``connector_id`` (``<config>/mcp.json``) and trust it."""
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": {connector_id: {"command": sys.executable, "args": [str(script)]}}}))
-    path.chmod(0o600)
-    shown = await daemon.control("POST", f"/control/connectors/{connector_id}/trust")
-    assert shown["state"] == "trusted", shown
 
 
 @contextlib.asynccontextmanager
@@ -268,12 +243,7 @@ async def raw_request(port: int, request: bytes, *, timeout: float = 10.0) -> tu
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
     head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ")[1])
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
+    status, headers = response_head(head)
     if headers.get("transfer-encoding") == "chunked":
         body = _dechunk(body)
     return status, headers, body

@@ -4,33 +4,26 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Daemon
+from tests.helpers import ECHO_SERVER, python_server, trust, write_user_servers
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _write_user_servers(daemon: Daemon, servers: dict[str, Any]) -> None:
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": servers}))
-    path.chmod(0o600)
 
 
 def _states(listing: dict[str, Any]) -> dict[str, str]:
     return {c["id"]: c["state"] for c in listing["connectors"]}
 
 
-ECHO = str(REPO / "tests" / "connectors" / "fixtures" / "echo_server.py")
-TIME_SERVER = {"command": sys.executable, "args": [ECHO], "env": {"TZ": "UTC"}}
+TIME_SERVER = python_server(ECHO_SERVER, env={"TZ": "UTC"})
 
 
 async def test_sources_are_listed_untrusted_and_a_broken_entry_hides_nothing(daemon: Daemon) -> None:
-    _write_user_servers(daemon, {"time": TIME_SERVER, "broken": {"args": ["x"]}})
+    write_user_servers(daemon, {"time": TIME_SERVER, "broken": {"args": ["x"]}})
     listing = await daemon.control("GET", "/control/connectors")
     assert _states(listing) == {"workspace": "configured", "time": "configured"}
     [problem] = listing["problems"]
@@ -39,9 +32,9 @@ async def test_sources_are_listed_untrusted_and_a_broken_entry_hides_nothing(dae
 
 @pytest.mark.slow
 async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> None:
-    _write_user_servers(daemon, {"time": TIME_SERVER})
-    shown = await daemon.control("POST", "/control/connectors/time/trust")
-    assert shown["state"] == "trusted" and shown["trust_key"].startswith("time::")
+    write_user_servers(daemon, {"time": TIME_SERVER})
+    shown = await trust(daemon, "time")
+    assert shown["trust_key"].startswith("time::")
     store = daemon.paths.state / "approvals.json"
     assert oct(store.stat().st_mode & 0o777) == "0o600"
     assert shown["trust_key"] in store.read_text()
@@ -52,12 +45,12 @@ async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> Non
         ("env", {"TZ": "UTC", "EXTRA": "1"}),
         ("cwd", "/tmp"),
     ]:
-        _write_user_servers(daemon, {"time": {**TIME_SERVER, field: value}})
+        write_user_servers(daemon, {"time": {**TIME_SERVER, field: value}})
         assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "disconnected", field
-    _write_user_servers(daemon, {"time": {**TIME_SERVER, "env": {"TZ": "Europe/Paris"}}})  # a value, not a key
+    write_user_servers(daemon, {"time": {**TIME_SERVER, "env": {"TZ": "Europe/Paris"}}})  # a value, not a key
     assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "trusted"
 
-    _write_user_servers(daemon, {"clock": TIME_SERVER})  # the same config under another name
+    write_user_servers(daemon, {"clock": TIME_SERVER})  # the same config under another name
     assert _states(await daemon.control("GET", "/control/connectors"))["clock"] == "configured"
 
     events = [r["event"] for r in daemon.audit_events() if r["event"].startswith("trust.")]
@@ -66,7 +59,7 @@ async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> Non
 
 @pytest.mark.slow
 async def test_untrust_and_retrust(daemon: Daemon) -> None:
-    await daemon.control("POST", "/control/connectors/workspace/trust")
+    await trust(daemon, "workspace")
     assert (await daemon.control("POST", "/control/connectors/workspace/untrust"))["state"] == "configured"
     assert _states(await daemon.control("GET", "/control/connectors"))["workspace"] == "configured"
     events = [r["event"] for r in daemon.audit_events() if r["event"].startswith("trust.")]
@@ -94,7 +87,7 @@ async def test_install_validates_and_copies_a_package(daemon: Daemon, tmp_path: 
 
 @pytest.mark.slow
 async def test_a_tampered_trust_store_is_refused_and_trusts_nothing(daemon: Daemon, tmp_path: Path) -> None:
-    await daemon.control("POST", "/control/connectors/workspace/trust")
+    await trust(daemon, "workspace")
     store = daemon.paths.state / "approvals.json"
     evidence = tmp_path / "elsewhere.json"
     original = store.read_text()
