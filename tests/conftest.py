@@ -71,7 +71,9 @@ def _audit_spawns(event: str, args: tuple[Any, ...]) -> None:
         _spawns.append(f"{event} {args[1] if event == 'subprocess.Popen' else args[:1]!r}"[:200])
 
 
-sys.addaudithook(_audit_spawns)  # for the whole run: an audit hook cannot be removed
+def pytest_configure() -> None:
+    # Under pytest only, not on import (scripts/bench_pool.py imports this module): a hook cannot be removed.
+    sys.addaudithook(_audit_spawns)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
