@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import cProfile
 import dataclasses
+import functools
 import gc
 import importlib
 import io
@@ -57,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for tests.conftest (running_daemon)
 
 import aiohttp  # noqa: E402
+import benchlib  # noqa: E402  (scripts/ is sys.path[0])
 from mcp import types  # noqa: E402
 from mcp.server.context import ServerRequestContext  # noqa: E402
 from mcp_types import JSONRPCResponse  # noqa: E402
@@ -383,8 +385,7 @@ QUERIES = (
 )
 
 
-def log(message: str) -> None:
-    print(f"[bench-pool {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+log = functools.partial(benchlib.log, tag="bench-pool")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -880,23 +881,12 @@ async def _open_lister(
             raw = await response.read()
             if response.status != 200:
                 raise RuntimeError(f"tools/list answered {response.status}: {raw[:200]!r}")
-            message = _answer(response.headers.get("content-type", ""), raw, request_id)
+            message = benchlib.answer(response.headers.get("content-type", ""), raw, request_id)
             count = len(message.get("result", {}).get("tools", []))
             if count < 1:
                 raise RuntimeError(f"tools/list returned {count} tools: {json.dumps(message)[:200]}")
 
     return tools_list
-
-
-def _answer(content_type: str, body: bytes, request_id: int) -> dict[str, Any]:
-    if content_type.startswith("text/event-stream"):
-        for line in body.splitlines():
-            if line.startswith(b"data:") and line[5:].strip():
-                message = json.loads(line[5:])
-                if message.get("id") == request_id:
-                    return cast(dict[str, Any], message)
-        raise RuntimeError(f"no answer to {request_id} in the SSE body")
-    return cast(dict[str, Any], json.loads(body))
 
 
 # --------------------------------------------------------------------------------------------------
