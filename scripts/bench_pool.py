@@ -73,6 +73,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry  # 
 from sidecar.bus.tools import ToolService  # noqa: E402
 from sidecar.config import Settings, ToolSettings  # noqa: E402
 from sidecar.edge.mcp import ChangeHub, _tool_to_mcp, build_mcp_server  # noqa: E402
+from sidecar.names import PROXY_ROUTE  # noqa: E402
 from sidecar.paths import Paths  # noqa: E402
 from sidecar.store.files import ensure_private_dir  # noqa: E402
 
@@ -476,7 +477,8 @@ async def wired(seed: int, auto_defer_above: int, home: Path, workspace: Path) -
 
 def _list_context(session: Session, version: str) -> ServerRequestContext[Any, Any]:
     """What the SDK hands ``on_list_tools``: only ``request.scope`` (the principal) is read."""
-    request = SimpleNamespace(scope={SCOPE_KEY: Principal(route="bench", generation=1, session_id=session.id)})
+    principal = Principal(route=PROXY_ROUTE, generation=1, session_id=session.id)  # /mcp, the tool pool's route
+    request = SimpleNamespace(scope={SCOPE_KEY: principal})
     return ServerRequestContext(
         session=cast(Any, None), lifespan_context={}, protocol_version=version, method="tools/list", request=request
     )
