@@ -43,7 +43,7 @@ from benchlib import log, sidecar_daemon
 
 VARIANTS: dict[str, str | None] = {
     "normal": None,
-    # The whole per-call pipeline of the tool pool: decision, argument checks, task, audit record.
+    # The whole per-call pipeline of the tool pool: decision, argument checks, abort registration, audit record.
     "no-toolservice": """
 import sidecar.bus.tools as tools
 async def call(self, session, name, arguments, **kwargs):
@@ -58,14 +58,6 @@ audit.AuditLog.append = lambda self, *args, **kwargs: None
     "no-validate": """
 import sidecar.bus.tools as tools
 tools._clean_arguments = lambda tool, arguments: dict(arguments or {})
-""",
-    # The handler awaited in place instead of in a task of its own (revocation could not abort it).
-    "no-task": """
-import asyncio, types
-import sidecar.bus.tools as tools
-async def _direct(coro):
-    return await coro
-tools.asyncio = types.SimpleNamespace(**{**vars(asyncio), "ensure_future": _direct})
 """,
 }
 REFERENCE = "reference"

@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,7 @@ from typing import Any
 import aiohttp
 import httpx2
 import psutil
-from benchlib import START_TIMEOUT, log, sidecar_daemon, stop, tail  # scripts/ is sys.path[0]
+from benchlib import CallFailed, answer, log, sidecar_daemon, stop, timed, wait_ready  # scripts/ is sys.path[0]
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -224,16 +224,14 @@ def mcp_proxy_process(exe: Path, workdir: Path) -> Iterator[tuple[subprocess.Pop
         cwd=workdir,
         start_new_session=True,
     )
+
+    def listening() -> bool | None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+        return None
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mcp-proxy exited early ({proc.returncode}): {tail(errfile)}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError(f"mcp-proxy did not listen on {port} in time: {tail(errfile)}")
+        wait_ready(proc, "mcp-proxy", errfile, f"listen on {port}", listening)
         yield proc, f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(proc, "mcp-proxy", group=True)
@@ -243,10 +241,6 @@ def mcp_proxy_process(exe: Path, workdir: Path) -> Iterator[tuple[subprocess.Pop
 # --------------------------------------------------------------------------------------------------
 # Clients
 # --------------------------------------------------------------------------------------------------
-
-
-class CallFailed(RuntimeError):
-    pass
 
 
 def stdio_params() -> StdioServerParameters:
@@ -285,13 +279,6 @@ async def echo_call(client: Client, tool: str, arguments: dict[str, Any] | None 
         raise CallFailed(f"{tool} failed: {result}")
 
 
-async def timed(call: Callable[[], Awaitable[Any]], n: int, out: list[float]) -> None:
-    for _ in range(n):
-        start = time.perf_counter()
-        await call()
-        out.append((time.perf_counter() - start) * 1000.0)
-
-
 async def measure_calls(endpoint: Endpoint, plan: Plan) -> tuple[list[float], float]:
     """Sequential latencies (ms) and the calls/s of ``CALLERS`` tasks sharing one client."""
     samples: list[float] = []
@@ -308,17 +295,6 @@ async def measure_calls(endpoint: Endpoint, plan: Plan) -> tuple[list[float], fl
         await asyncio.gather(*(timed(call, per_caller, []) for _ in range(CALLERS)))
         rate = per_caller * CALLERS / (time.perf_counter() - start)
     return samples, rate
-
-
-def _parse_answer(content_type: str, body: bytes, request_id: int) -> dict[str, Any]:
-    if content_type.startswith("text/event-stream"):
-        for line in body.splitlines():
-            if line.startswith(b"data:") and (payload := line[5:].strip()):
-                message = json.loads(payload)
-                if message.get("id") == request_id:
-                    return message  # type: ignore[no-any-return]
-        raise CallFailed(f"no answer to request {request_id} in SSE body {body[:300]!r}")
-    return json.loads(body)  # type: ignore[no-any-return]
 
 
 _ids = itertools.count(1)
@@ -347,7 +323,7 @@ async def raw_modern(
         raw = await response.read()
         if response.status != 200:
             raise CallFailed(f"{method} answered {response.status}: {raw[:300]!r}")
-        message = _parse_answer(response.headers.get("content-type", ""), raw, request_id)
+        message = answer(response.headers.get("content-type", ""), raw, request_id)
     if not isinstance(message.get("result"), dict):
         raise CallFailed(f"{method} failed: {json.dumps(message)[:300]}")
     return message["result"]  # type: ignore[no-any-return]

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,16 @@ from typing import Any
 import aiohttp
 import httpx2
 import psutil
-from benchlib import START_TIMEOUT, log, sidecar_daemon, stop, tail  # scripts/ is sys.path[0]
+from benchlib import (  # scripts/ is sys.path[0]
+    START_TIMEOUT,
+    CallFailed,
+    answer,
+    log,
+    sidecar_daemon,
+    stop,
+    tail,
+    timed,
+)
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -161,10 +170,6 @@ async def create_sidecar_session(runtime: dict[str, Any], workspace: Path) -> di
 # --------------------------------------------------------------------------------------------------
 
 
-class CallFailed(RuntimeError):
-    pass
-
-
 def _check_result(message: dict[str, Any]) -> None:
     result = message.get("result")
     if not isinstance(result, dict) or result.get("isError"):
@@ -172,20 +177,6 @@ def _check_result(message: dict[str, Any]) -> None:
     content = result.get("content") or [{}]
     if content[0].get("text") != EXPECTED_TEXT:
         raise CallFailed(f"unexpected tools/call result: {json.dumps(message)[:300]}")
-
-
-def _parse_answer(content_type: str, body: bytes, request_id: int) -> dict[str, Any]:
-    if content_type.startswith("text/event-stream"):
-        for line in body.splitlines():
-            if line.startswith(b"data:"):
-                payload = line[5:].strip()
-                if not payload:
-                    continue
-                message = json.loads(payload)
-                if message.get("id") == request_id:
-                    return message  # type: ignore[no-any-return]
-        raise CallFailed(f"no answer to request {request_id} in SSE body {body[:300]!r}")
-    return json.loads(body)  # type: ignore[no-any-return]
 
 
 class RawCaller:
@@ -225,7 +216,7 @@ class RawCaller:
             if response.status != 200:
                 raise CallFailed(f"initialize answered {response.status}: {raw[:300]!r}")
             session_id = response.headers.get("mcp-session-id")
-            message = _parse_answer(response.headers.get("content-type", ""), raw, request_id)
+            message = answer(response.headers.get("content-type", ""), raw, request_id)
             if "result" not in message or not session_id:
                 raise CallFailed(f"initialize failed: {message}")
         self._session_id = session_id
@@ -251,7 +242,7 @@ class RawCaller:
             raw = await response.read()
             if response.status != 200:
                 raise CallFailed(f"tools/call answered {response.status}: {raw[:300]!r}")
-            _check_result(_parse_answer(response.headers.get("content-type", ""), raw, request_id))
+            _check_result(answer(response.headers.get("content-type", ""), raw, request_id))
 
     async def close(self) -> None:
         if self._session_id is None:
@@ -279,13 +270,6 @@ async def raw_callers(http: aiohttp.ClientSession, target: Target, era: str, n: 
         yield callers
     finally:
         await asyncio.gather(*(c.close() for c in callers), return_exceptions=True)
-
-
-async def timed(call: Callable[[], Awaitable[Any]], n: int, out: list[float]) -> None:
-    for _ in range(n):
-        start = time.perf_counter()
-        await call()
-        out.append((time.perf_counter() - start) * 1000.0)
 
 
 async def sdk_sequential(target: Target, mode: str, warmup: int, n: int) -> list[float]:

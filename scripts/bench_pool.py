@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import cProfile
 import dataclasses
+import functools
 import gc
 import importlib
 import io
@@ -57,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # for tests.conftest (running_daemon)
 
 import aiohttp  # noqa: E402
+import benchlib  # noqa: E402  (scripts/ is sys.path[0])
 from mcp import types  # noqa: E402
 from mcp.server.context import ServerRequestContext  # noqa: E402
 from mcp_types import JSONRPCResponse  # noqa: E402
@@ -71,6 +73,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry  # 
 from sidecar.bus.tools import ToolService  # noqa: E402
 from sidecar.config import Settings, ToolSettings  # noqa: E402
 from sidecar.edge.mcp import ChangeHub, _tool_to_mcp, build_mcp_server  # noqa: E402
+from sidecar.names import PROXY_ROUTE  # noqa: E402
 from sidecar.paths import Paths  # noqa: E402
 from sidecar.store.files import ensure_private_dir  # noqa: E402
 
@@ -383,8 +386,7 @@ QUERIES = (
 )
 
 
-def log(message: str) -> None:
-    print(f"[bench-pool {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+log = functools.partial(benchlib.log, tag="bench-pool")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -475,7 +477,8 @@ async def wired(seed: int, auto_defer_above: int, home: Path, workspace: Path) -
 
 def _list_context(session: Session, version: str) -> ServerRequestContext[Any, Any]:
     """What the SDK hands ``on_list_tools``: only ``request.scope`` (the principal) is read."""
-    request = SimpleNamespace(scope={SCOPE_KEY: Principal(route="bench", generation=1, session_id=session.id)})
+    principal = Principal(route=PROXY_ROUTE, generation=1, session_id=session.id)  # /mcp, the tool pool's route
+    request = SimpleNamespace(scope={SCOPE_KEY: principal})
     return ServerRequestContext(
         session=cast(Any, None), lifespan_context={}, protocol_version=version, method="tools/list", request=request
     )
@@ -880,23 +883,12 @@ async def _open_lister(
             raw = await response.read()
             if response.status != 200:
                 raise RuntimeError(f"tools/list answered {response.status}: {raw[:200]!r}")
-            message = _answer(response.headers.get("content-type", ""), raw, request_id)
+            message = benchlib.answer(response.headers.get("content-type", ""), raw, request_id)
             count = len(message.get("result", {}).get("tools", []))
             if count < 1:
                 raise RuntimeError(f"tools/list returned {count} tools: {json.dumps(message)[:200]}")
 
     return tools_list
-
-
-def _answer(content_type: str, body: bytes, request_id: int) -> dict[str, Any]:
-    if content_type.startswith("text/event-stream"):
-        for line in body.splitlines():
-            if line.startswith(b"data:") and line[5:].strip():
-                message = json.loads(line[5:])
-                if message.get("id") == request_id:
-                    return cast(dict[str, Any], message)
-        raise RuntimeError(f"no answer to {request_id} in the SSE body")
-    return cast(dict[str, Any], json.loads(body))
 
 
 # --------------------------------------------------------------------------------------------------

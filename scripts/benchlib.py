@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: logging, stopping what they started, and a subprocess daemon."""
+"""What the benchmark scripts share: logging, starting and stopping servers (the daemon among them), timing
+calls, and reading a Streamable HTTP answer."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sidecar.tuning import PYTHON_FLAGS
 
@@ -19,6 +20,12 @@ START_TIMEOUT = 60.0
 """Seconds a server gets to start before the benchmark gives up."""
 STOP_TIMEOUT = 15.0
 """Seconds a server gets after SIGTERM before it is killed."""
+
+_T = TypeVar("_T")
+
+
+class CallFailed(RuntimeError):
+    """A measured request failed or answered something else than expected: the figures would be wrong."""
 
 
 def log(message: str, *, tag: str = "bench") -> None:
@@ -47,6 +54,22 @@ def stop(proc: subprocess.Popen[bytes], name: str, *, group: bool = False) -> No
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def wait_ready(
+    proc: subprocess.Popen[bytes], name: str, errfile: Path, what: str, ready: Callable[[], _T | None]
+) -> _T:
+    """Poll ``ready`` until it returns something (``what``: "write runtime.json", "listen on …"); raise if
+    ``proc`` exits first or ``START_TIMEOUT`` (read at call time: bench_ab raises it for valgrind) passes."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited early ({proc.returncode}): {tail(errfile)}")
+        found = ready()
+        if found is not None:
+            return found
+        time.sleep(0.02)
+    raise RuntimeError(f"{name} did not {what} within {START_TIMEOUT:.0f}s: {tail(errfile)}")
+
+
 @contextlib.contextmanager
 def sidecar_daemon(
     workdir: Path, home: Path, *, python_args: Sequence[str] = ()
@@ -61,7 +84,8 @@ def sidecar_daemon(
     env = dict(os.environ)
     env["SIDECAR_HOME"] = str(home)
     paths = Paths.resolve(env)
-    errlog = (workdir / "sidecar.stderr").open("wb")
+    errfile = workdir / "sidecar.stderr"
+    errlog = errfile.open("wb")
     proc = subprocess.Popen(
         [sys.executable, *PYTHON_FLAGS, *python_args, "-m", "sidecar", "serve", "--port", "0"],
         env=env,
@@ -70,18 +94,37 @@ def sidecar_daemon(
         stderr=errlog,
         cwd=workdir,
     )
+
+    def runtime_of_this_daemon() -> dict[str, Any] | None:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            runtime: dict[str, Any] = json.loads(paths.runtime_file.read_text())
+            if runtime.get("pid") == proc.pid:
+                return runtime
+        return None
+
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sidecar exited early ({proc.returncode}): {tail(workdir / 'sidecar.stderr')}")
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                runtime = json.loads(paths.runtime_file.read_text())
-                if runtime.get("pid") == proc.pid:
-                    yield proc, runtime
-                    return
-            time.sleep(0.02)
-        raise RuntimeError("sidecar did not write runtime.json in time")
+        yield proc, wait_ready(proc, "sidecar", errfile, "write runtime.json", runtime_of_this_daemon)
     finally:
         stop(proc, "sidecar")
         errlog.close()
+
+
+async def timed(call: Callable[[], Awaitable[Any]], n: int, out: list[float]) -> None:
+    """Await ``call`` ``n`` times in a row, appending each latency (ms) to ``out``."""
+    for _ in range(n):
+        start = time.perf_counter()
+        await call()
+        out.append((time.perf_counter() - start) * 1000.0)
+
+
+def answer(content_type: str, body: bytes, request_id: int) -> dict[str, Any]:
+    """The JSON-RPC answer to ``request_id`` in a Streamable HTTP response: the JSON body, or the SSE
+    ``data:`` event that carries it (others, such as notifications, are passed over)."""
+    if content_type.startswith("text/event-stream"):
+        for line in body.splitlines():
+            if line.startswith(b"data:") and (payload := line[5:].strip()):
+                message = json.loads(payload)
+                if message.get("id") == request_id:
+                    return message  # type: ignore[no-any-return]
+        raise CallFailed(f"no answer to request {request_id} in SSE body {body[:300]!r}")
+    return json.loads(body)  # type: ignore[no-any-return]

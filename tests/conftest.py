@@ -1,7 +1,13 @@
 """Shared fixtures: a real daemon on 127.0.0.1:0 (in-process or as a subprocess), MCP clients, raw HTTP.
 
 Every test runs with its own ``SIDECAR_HOME``; every wait is bounded; the autouse ``no_leaked_processes``
-fixture fails a test that leaves a child process behind.
+fixture fails a test that leaves a child process behind. Helpers that are not about fixtures (tool result
+text, bounded waits, trusting a user's connector, HTTP requests) are in ``helpers.py``.
+
+The ``slow`` marker means exactly "starts another process" (a daemon, a connector, Node, a ``python -c``
+probe); ``scripts/test --fast`` runs everything else. ``pytest_collection_modifyitems`` below applies it
+by fixture and by module, and the autouse ``slow_means_it_spawns`` fixture holds it exact both ways: an
+unmarked test that starts a process fails, and so does a marked one that passed without starting any.
 """
 
 from __future__ import annotations
@@ -13,12 +19,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-import aiohttp
 import httpx2
 import psutil
 import pytest
@@ -31,9 +36,91 @@ from sidecar.daemon import serve
 from sidecar.paths import Paths
 from sidecar.service import serve_argv
 from sidecar.store.runtime import read_runtime
+from tests.helpers import control_request, response_head
 
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 20.0
+
+SLOW_FIXTURES: Final = frozenset({"daemon_process"})
+"""Fixtures that start a process: a test that uses one, directly or through another fixture, is slow."""
+SLOW_MODULES: Final[dict[str, frozenset[str]]] = {
+    # module (from the repository root): the names of its tests that start nothing
+    "tests/conformance/test_conformance.py": frozenset(),  # Node and the official suite
+    "tests/connectors/test_process.py": frozenset(
+        {"test_stop_before_start_needs_no_process", "test_limits_must_be_positive"}
+    ),
+    "tests/e2e/test_cli.py": frozenset(),  # the CLI and the daemon as a user runs them
+    "tests/e2e/test_connector_limits.py": frozenset(),  # process caps over real connector processes
+    "tests/e2e/test_connector_supervision.py": frozenset(),  # connectors that hang, flood, crash-loop or fork
+    "tests/e2e/test_connectors_proxy.py": frozenset(),  # connector processes behind /mcp
+    "tests/e2e/test_relay.py": frozenset(),  # a relayed connector process per MCP session
+    "tests/e2e/test_third_party_connectors.py": frozenset(),  # servers from PyPI and npm as user connectors
+}
+"""Modules whose tests start a process, all but the few named."""
+SLOW_TESTS: Final = frozenset({"tests/unit/test_trustkey.py::test_the_digest_is_stable_across_runs"})
+"""Single tests that start a process, in modules another change owns; elsewhere ``@pytest.mark.slow``."""
+_SPAWN_EVENTS: Final = frozenset({"subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.system"})
+"""Audit events (PEP 578) raised when this process starts another; asyncio's and anyio's subprocesses go
+through ``subprocess.Popen``."""
+_spawns: list[str] = []
+_slow_but_spawned_nothing: list[str] = []
+
+
+def _audit_spawns(event: str, args: tuple[Any, ...]) -> None:
+    if event in _SPAWN_EVENTS:
+        _spawns.append(f"{event} {args[1] if event == 'subprocess.Popen' else args[:1]!r}"[:200])
+
+
+def pytest_configure() -> None:
+    # Under pytest only, not on import (scripts/bench_pool.py imports this module): a hook cannot be removed.
+    sys.addaudithook(_audit_spawns)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = item.nodeid.partition("[")[0]  # "tests/unit/test_x.py::test_y", whatever its parameters
+        module, _, name = test.partition("::")
+        exempt = SLOW_MODULES.get(module)
+        fixtures = getattr(item, "fixturenames", ())  # with the fixtures its fixtures use
+        if (exempt is not None and name not in exempt) or test in SLOW_TESTS or SLOW_FIXTURES.intersection(fixtures):
+            item.add_marker(pytest.mark.slow)
+
+
+_CALL: Final = pytest.StashKey[pytest.TestReport]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL] = report  # for slow_means_it_spawns, at teardown
+    return report
+
+
+@pytest.fixture(autouse=True)
+def slow_means_it_spawns(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that starts a process but is not marked ``slow``; note a ``slow`` one that started none.
+
+    Defined before ``no_leaked_processes`` and so set up before every fixture a test asks for: its window
+    holds their set-up and teardown too. A slow test that passed without starting a process is listed at
+    the end of the run rather than failed: a few spawn or not by a race (a stop during the spawn).
+    """
+    before = len(_spawns)
+    yield
+    spawned = _spawns[before:]
+    marked = request.node.get_closest_marker("slow") is not None
+    if spawned and not marked:
+        pytest.fail(f"started a process but is not marked slow (scripts/test --fast would run it): {spawned[0]}")
+    call = request.node.stash.get(_CALL, None)
+    if marked and not spawned and call is not None and call.passed:
+        _slow_but_spawned_nothing.append(request.node.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _slow_but_spawned_nothing:
+        terminalreporter.section("marked slow but started no process (scripts/test --fast could run them)")
+        for nodeid in _slow_but_spawned_nothing:
+            terminalreporter.line(nodeid)
 
 
 @pytest.fixture(autouse=True)
@@ -82,20 +169,10 @@ class Daemon:
         return f"{self.url}/mcp"
 
     async def control(self, method: str, path: str, body: Any = None, *, expect: int | None = 200) -> Any:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.request(
-                method,
-                self.url + path,
-                json=body,
-                headers={"Authorization": f"Bearer {self.control_token}"},
-                timeout=aiohttp.ClientTimeout(total=15),
-            ) as response,
-        ):
-            data = await response.json(content_type=None)
-            if expect is not None:
-                assert response.status == expect, data
-            return data
+        status, data = await control_request(self.url, self.control_token, method, path, body)
+        if expect is not None:
+            assert status == expect, data
+        return data
 
     async def new_session(self, **spec: Any) -> dict[str, Any]:
         spec.setdefault("workspace", str(self.workspace))
@@ -135,15 +212,8 @@ async def running_daemon(
 
 
 async def _stop_in_process(runtime: dict[str, Any], task: asyncio.Task[int]) -> None:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(
-            runtime["url"] + "/control/stop",
-            headers={"Authorization": f"Bearer {runtime['control_token']}"},
-            timeout=aiohttp.ClientTimeout(total=10),
-        ) as response,
-    ):
-        assert response.status == 202
+    status, data = await control_request(runtime["url"], runtime["control_token"], "POST", "/control/stop")
+    assert status == 202, data
     await asyncio.wait_for(task, STOP_TIMEOUT)
 
 
@@ -151,15 +221,6 @@ async def _stop_in_process(runtime: dict[str, Any], task: asyncio.Task[int]) -> 
 async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
     async with running_daemon(Paths.resolve(), workspace) as d:
         yield d
-
-
-async def trust_user_server(daemon: Daemon, connector_id: str, script: Path) -> None:
-    """Configure ``python script`` as the user's MCP server ``connector_id`` (``<config>/mcp.json``) and trust it."""
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": {connector_id: {"command": sys.executable, "args": [str(script)]}}}))
-    path.chmod(0o600)
-    shown = await daemon.control("POST", f"/control/connectors/{connector_id}/trust")
-    assert shown["state"] == "trusted", shown
 
 
 @contextlib.asynccontextmanager
@@ -184,12 +245,7 @@ async def raw_request(port: int, request: bytes, *, timeout: float = 10.0) -> tu
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
     head, _, body = raw.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ")[1])
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
+    status, headers = response_head(head)
     if headers.get("transfer-encoding") == "chunked":
         body = _dechunk(body)
     return status, headers, body

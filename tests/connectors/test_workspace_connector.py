@@ -1,15 +1,20 @@
-"""The workspace connector package, run as sidecar runs it: a real subprocess spoken to over stdio.
+"""The workspace connector package: its tools, its confinement, and the package as sidecar runs it.
 
-Every test starts ``connectors/workspace/server.py`` with the SDK's own client (``mode="legacy"``, as the
-daemon talks to connectors) and a per-request timeout, so every wait is bounded; closing the client
-stops the process (the autouse ``no_leaked_processes`` fixture checks). Escape attempts are checked on the
-file system: a snapshot of everything next to the workspace must be unchanged afterwards, and the secret
-outside must never appear in a response.
+The tools' logic is tested in this process: ``connectors/workspace/server.py`` is imported, and each test
+serves ``build_server(Workspace(root))`` to the SDK's own client (``mode="legacy"``, as the daemon talks
+to connectors) over the SDK's in-memory transport, so results, tool errors and argument defaults are
+exactly what a client of the subprocess gets, with a per-request timeout bounding every wait. Escape
+attempts are checked on the file system: a snapshot of everything next to the workspace must be
+unchanged afterwards, and the secret outside must never appear in a response.
+
+Two tests (marked slow) run the package as sidecar does, as a real subprocess over stdio: launched from
+its ``mcp.json``, and refusing to start without a project directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -18,16 +23,31 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from mcp import Client, StdioServerParameters, stdio_client, types
+from mcp.server.mcpserver.exceptions import ToolError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "connectors" / "workspace"
 SERVER = PACKAGE / "server.py"
 CALL_TIMEOUT = 30.0  # seconds per MCP request (initialize included): a fail-safe, never a timing assertion
 EXIT_TIMEOUT = 30.0  # seconds for a server that should exit at once
 SECRET = "TOP SECRET outside the workspace"
+
+
+def _import_server() -> ModuleType:
+    """``connectors/workspace/server.py`` as a module: a connector package is a directory, not a package."""
+    spec = importlib.util.spec_from_file_location("sidecar_workspace_connector", SERVER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+server = _import_server()
 
 
 @pytest.fixture
@@ -40,17 +60,15 @@ def outside(tmp_path: Path) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def connector(root: Path, *, errlog: Path | None = None) -> AsyncIterator[Client]:
-    """The workspace server on ``root`` as a subprocess, and an initialized client to it.
+async def connector(root: Path) -> AsyncIterator[Client]:
+    """The workspace server on ``root``, served in this process, and an initialized client to it.
 
     A context manager, not a fixture: the SDK's anyio scopes must be left in the task that entered them,
     and pytest-asyncio tears fixtures down in another task.
     """
-    params = StdioServerParameters(command=sys.executable, args=[str(SERVER)], env={"SIDECAR_PROJECT_DIR": str(root)})
-    log = errlog or root.parent / "server-stderr.log"
-    with log.open("a") as stderr:
-        async with Client(stdio_client(params, errlog=stderr), mode="legacy", read_timeout_seconds=CALL_TIMEOUT) as c:
-            yield c
+    served = server.build_server(server.Workspace(str(root)))
+    async with Client(served, mode="legacy", read_timeout_seconds=CALL_TIMEOUT) as client:
+        yield client
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> types.CallToolResult:
@@ -92,7 +110,7 @@ def snapshot(top: Path, *, skip: Path) -> dict[str, str]:
                 seen[key] = "link:" + os.readlink(path)
             elif path.is_dir():
                 seen[key] = "dir"
-            elif not name.endswith(".log"):
+            else:
                 seen[key] = path.read_text()
     return seen
 
@@ -256,6 +274,20 @@ async def test_writes_atomically_by_rename_keeping_the_mode_and_leaving_no_tempo
         assert sorted(p.name for p in workspace.iterdir()) == ["a", "adir", "fresh.txt", "new.txt"]
 
 
+def test_content_over_the_write_bound_is_refused_and_nothing_is_written(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server, "MAX_WRITE_BYTES", 8)  # the bound is 16 MiB: too big to send in a test
+    files = server.Workspace(str(workspace))
+    assert files.write_file("fits.txt", "12345678", False, False) == "created fits.txt (8 bytes)"
+    with pytest.raises(ToolError, match="content is 9 bytes; write_file takes at most 8"):
+        files.write_file("big.txt", "123456789", False, False)
+    with pytest.raises(ToolError, match="takes at most 8"):
+        files.write_file("fits.txt", "ü" * 5, False, True)  # counted in UTF-8 bytes, not characters
+    assert sorted(p.name for p in workspace.iterdir()) == ["fits.txt"]
+    assert (workspace / "fits.txt").read_text() == "12345678"
+
+
 async def test_moves_files_and_directories_and_refuses_an_existing_target_without_overwrite(workspace: Path) -> None:
     async with connector(workspace) as client:
         (workspace / "a.txt").write_text("A")
@@ -345,7 +377,7 @@ def _escape_attempts(outside: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 async def test_every_escape_attempt_is_refused_and_nothing_outside_is_read_or_written(
-    workspace: Path, outside: Path, tmp_path: Path
+    workspace: Path, outside: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     (workspace / "notes.txt").write_text("inside\n")
     (workspace / "sub").mkdir()
@@ -355,9 +387,8 @@ async def test_every_escape_attempt_is_refused_and_nothing_outside_is_read_or_wr
     (workspace / "dangling").symlink_to(outside / "not-yet.txt")
     before_outside = snapshot(tmp_path, skip=workspace)
     before_inside = snapshot(workspace, skip=tmp_path / "none")
-    log = tmp_path / "server-stderr.log"
 
-    async with connector(workspace, errlog=log) as client:
+    async with connector(workspace) as client:
         for tool, arguments in _escape_attempts(outside):
             result = await call(client, tool, **arguments)
             message = "\n".join(texts(result))
@@ -370,7 +401,8 @@ async def test_every_escape_attempt_is_refused_and_nothing_outside_is_read_or_wr
 
     assert snapshot(tmp_path, skip=workspace) == before_outside
     assert snapshot(workspace, skip=tmp_path / "none") == before_inside
-    assert "Traceback" not in log.read_text()
+    # What the subprocess would have written to its stderr (the daemon's log): no traceback.
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
 
 
 async def test_walks_never_follow_links_out_of_the_workspace(workspace: Path, outside: Path) -> None:
@@ -410,16 +442,27 @@ async def test_links_that_stay_inside_are_read_but_never_written_or_moved_throug
 
 
 @pytest.mark.parametrize("case", ["unset", "missing", "a file", "placeholder"])
-def test_refuses_to_start_without_a_project_directory(case: str, tmp_path: Path) -> None:
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+def test_refuses_to_start_without_a_project_directory(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     afile = tmp_path / "file"
     afile.write_text("")
     values = {"missing": str(tmp_path / "nope"), "a file": str(afile), "placeholder": "${SIDECAR_PROJECT_DIR}"}
+    monkeypatch.delenv("SIDECAR_PROJECT_DIR", raising=False)
     if case in values:
-        env["SIDECAR_PROJECT_DIR"] = values[case]
+        monkeypatch.setenv("SIDECAR_PROJECT_DIR", values[case])
+    assert server.main() == 2
+    out, err = capsys.readouterr()
+    assert "SIDECAR_PROJECT_DIR" in err
+    assert "Traceback" not in err
+    assert out == ""
+
+
+@pytest.mark.slow
+def test_the_package_run_as_a_process_exits_2_without_a_project_directory(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(SERVER)],
-        env=env,
+        env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -456,6 +499,7 @@ def test_the_manifest_declares_the_package_format() -> None:
     }
 
 
+@pytest.mark.slow
 async def test_the_package_launches_from_its_mcp_json_and_serves_exactly_the_declared_tools(
     workspace: Path,
 ) -> None:

@@ -7,18 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import types
 
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.config import Settings, ToolSettings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
-
-
-def _text(result: types.CallToolResult) -> str:
-    content = result.content[0]
-    assert isinstance(content, types.TextContent)
-    return content.text
+from tests.helpers import tool_text
 
 
 async def test_notes_persist_across_sessions_of_a_project_and_stay_per_project(daemon: Daemon) -> None:
@@ -31,9 +25,9 @@ async def test_notes_persist_across_sessions_of_a_project_and_stay_per_project(d
     async with mcp_client(reader) as client:
         names = {t.name for t in (await client.list_tools()).tools}
         assert "notes_read" in names and "note_save" not in names  # read-only sees LOW only
-        assert "make gen" in _text(await client.call_tool("notes_read", {}))
+        assert "make gen" in tool_text(await client.call_tool("notes_read", {}))
     async with mcp_client(stranger) as client:
-        assert _text(await client.call_tool("notes_read", {})) == "no notes yet for this project"
+        assert tool_text(await client.call_tool("notes_read", {})) == "no notes yet for this project"
     notebooks = list((daemon.paths.data / "notes").iterdir())
     assert len(notebooks) == 1 and oct(notebooks[0].stat().st_mode & 0o777) == "0o600"
 
@@ -42,7 +36,7 @@ async def test_note_save_asks_in_default_mode(daemon: Daemon) -> None:
     session = await daemon.new_session(project="alpha")
     async with mcp_client(session) as client:
         result = await client.call_tool("note_save", {"text": "x"})
-    assert result.is_error and "needs the user's approval" in _text(result)
+    assert result.is_error and "needs the user's approval" in tool_text(result)
     assert not (daemon.paths.data / "notes").exists()
 
 
@@ -56,7 +50,7 @@ async def test_the_high_example_is_never_listed_searchable_or_callable(daemon: D
         direct = await client.call_tool("notes_clear", {})
         via_tool_call = await client.call_tool("tool_call", {"name": "notes_clear"})
     for result in (direct, via_tool_call):
-        assert _text(result) == "tool not found or not available in this session"
+        assert tool_text(result) == "tool not found or not available in this session"
 
 
 async def test_list_connectors_is_empty_until_connectors_exist(daemon: Daemon) -> None:

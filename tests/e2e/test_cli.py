@@ -37,6 +37,7 @@ from tests.conftest import (
     start_daemon_process,
     stop_daemon_process,
 )
+from tests.helpers import control_request, initialize_request, request_json, tool_text
 
 CLI_TIMEOUT = 30.0
 """Fail-safe bound on one CLI run (a hung command fails the test instead of hanging it)."""
@@ -115,26 +116,16 @@ def wait_exit(proc: subprocess.Popen[bytes]) -> int:
         pytest.fail(f"daemon pid {proc.pid} did not exit within {STOP_TIMEOUT}s")
 
 
-def initialize_body() -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "test-cli", "version": "0"},
-        },
-    }
-
-
 async def post_mcp(raw: dict[str, Any]) -> tuple[int, dict[str, str]]:
     """POST an ``initialize`` to /mcp with a raw config's headers; (status, headers)."""
     headers = {**raw["headers"], "Accept": "application/json, text/event-stream"}
     async with (
         aiohttp.ClientSession() as http,
         http.post(
-            raw["url"], json=initialize_body(), headers=headers, timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)
+            raw["url"],
+            json=initialize_request("test-cli"),
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT),
         ) as response,
     ):
         await response.read()
@@ -144,26 +135,9 @@ async def post_mcp(raw: dict[str, Any]) -> tuple[int, dict[str, str]]:
 async def control(d: DaemonProcess, method: str, path: str, body: Any = None) -> Any:
     """The control API directly (for set-up that is not what a test is about)."""
     runtime = runtime_of(d)
-    async with (
-        aiohttp.ClientSession() as http,
-        http.request(
-            method,
-            runtime["url"] + path,
-            json=body,
-            headers={"Authorization": f"Bearer {runtime['control_token']}"},
-            timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT),
-        ) as response,
-    ):
-        assert response.status < 300, await response.text()
-        return await response.json()
-
-
-async def get_json(url: str) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(url, timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as response,
-    ):
-        return response.status, await response.json(content_type=None)
+    status, data = await control_request(runtime["url"], runtime["control_token"], method, path, body)
+    assert status < 300, data
+    return data
 
 
 async def tool_names(raw: dict[str, Any], mode: str = "legacy") -> list[str]:
@@ -227,7 +201,7 @@ async def test_serve_writes_runtime_status_reports_and_stop_stops(d: DaemonProce
     assert isinstance(runtime["control_token"], str) and len(runtime["control_token"]) >= 43
     assert isinstance(runtime["started_at"], int | float)
 
-    assert await get_json(runtime["url"] + "/healthz") == (200, {"status": "ok"})
+    assert await request_json("GET", runtime["url"] + "/healthz") == (200, {"status": "ok"})
 
     await control(d, "POST", "/control/sessions", {"workspace": str(workspace)})  # one live session
     text, as_json = (ok(r).stdout for r in cli_all(d.env, ["status"], ["status", "--json"]))
@@ -307,7 +281,7 @@ async def test_second_serve_refuses_while_the_first_lives(d: DaemonProcess) -> N
 
     assert d.proc.poll() is None
     assert d.paths.runtime_file.read_bytes() == before
-    assert await get_json(runtime["url"] + "/healthz") == (200, {"status": "ok"})
+    assert await request_json("GET", runtime["url"] + "/healthz") == (200, {"status": "ok"})
     assert (await control(d, "GET", "/control/status"))["pid"] == d.proc.pid
 
 
@@ -330,7 +304,7 @@ async def test_stale_runtime_file_is_replaced(home: Path, spawned: list[DaemonPr
     runtime = runtime_of(daemon)
     assert runtime["pid"] == daemon.proc.pid != stale["pid"]
     assert runtime["control_token"] != "stale-token" and runtime["port"] != 1
-    assert await get_json(runtime["url"] + "/healthz") == (200, {"status": "ok"})
+    assert await request_json("GET", runtime["url"] + "/healthz") == (200, {"status": "ok"})
 
 
 # --- 4. bind address and configuration ------------------------------------------------------------------
@@ -643,7 +617,7 @@ async def test_a_pending_approval_is_granted_with_the_cli_and_the_retry_runs_onc
     raw = session_new(d, workspace, "--project", "cli-approvals", "--mode", "default")
     async with mcp_client(raw, mode="legacy") as client:
         first = await client.call_tool("note_save", {"text": "remember the CLI"})
-        assert first.is_error and "sidecar approvals allow ap_" in first.content[0].text  # type: ignore[union-attr]
+        assert first.is_error and "sidecar approvals allow ap_" in tool_text(first)
         [pending] = json.loads(ok(d.cli("approvals", "list", "--json")).stdout)
         assert (pending["tool"], pending["state"]) == ("note_save", "pending")
         assert pending["approval_id"] in ok(d.cli("approvals", "list")).stdout
@@ -653,6 +627,6 @@ async def test_a_pending_approval_is_granted_with_the_cli_and_the_retry_runs_onc
         read = await client.call_tool("notes_read", {})
     assert not retry.is_error
     assert replay.is_error  # single use: the replay asks again
-    assert read.content[0].text.count("remember the CLI") == 1  # type: ignore[union-attr]
+    assert tool_text(read).count("remember the CLI") == 1
     assert "no pending" not in ok(d.cli("approvals", "list")).stdout  # the replay left a new one
     failed(d.cli("approvals", "allow", pending["approval_id"], check=False))  # spent: not pending any more

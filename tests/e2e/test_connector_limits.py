@@ -7,33 +7,33 @@ process is stopped and the next call starts it again.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psutil
 import pytest
 from mcp import types
 
 from sidecar.config import ConnectorSettings, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
-
-ECHO = str(Path(__file__).resolve().parents[1] / "connectors" / "fixtures" / "echo_server.py")
-BOUND = 30.0
+from tests.helpers import (
+    ECHO_SERVER,
+    child_pids,
+    python_server,
+    running,
+    tool_text,
+    trust,
+    until_running,
+    write_user_servers,
+)
 
 
 async def _daemon_with(workspace: Path, **limits: float) -> AsyncIterator[Daemon]:
     settings = Settings(connectors=ConnectorSettings(**limits))
     async with running_daemon(Paths.resolve(), workspace, settings) as daemon:
-        path = daemon.paths.config / "mcp.json"
-        entry = {"command": sys.executable, "args": [ECHO]}
-        path.write_text(json.dumps({"mcpServers": {"echo": entry, "other": entry}}))
-        path.chmod(0o600)
+        write_user_servers(daemon, {"echo": python_server(ECHO_SERVER), "other": python_server(ECHO_SERVER)})
         for connector in ("echo", "other"):
-            assert (await daemon.control("POST", f"/control/connectors/{connector}/trust"))["state"] == "trusted"
+            await trust(daemon, connector)
         yield daemon
 
 
@@ -55,24 +55,10 @@ async def reaping(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
         yield daemon
 
 
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
-
-
 def _messages(exc: BaseException) -> str:
     if isinstance(exc, BaseExceptionGroup):
         return " | ".join(_messages(inner) for inner in exc.exceptions)
     return str(exc)
-
-
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-async def _running(daemon: Daemon, connector: str) -> int:
-    return int((await daemon.control("GET", f"/control/connectors/{connector}"))["running"])
 
 
 async def _call(daemon: Daemon, session: dict[str, object], tool: str) -> types.CallToolResult:
@@ -82,39 +68,35 @@ async def _call(daemon: Daemon, session: dict[str, object], tool: str) -> types.
 
 async def test_the_per_connector_cap_refuses_a_process_until_one_ends(capped: Daemon) -> None:
     first, second = await capped.new_session(mode="bypass"), await capped.new_session(mode="bypass")
-    assert _text(await _call(capped, first, "mcp__echo__echo")) == "hi"
-    before = _children()
+    assert tool_text(await _call(capped, first, "mcp__echo__echo")) == "hi"
+    before = child_pids()
     refused = await _call(capped, second, "mcp__echo__echo")
-    assert refused.is_error and _text(refused) == "connector echo already runs 1 processes"
-    assert _children() == before  # nothing was spawned for the refused call
-    assert _text(await _call(capped, second, "mcp__other__echo")) == "hi"  # another connector has room
+    assert refused.is_error and tool_text(refused) == "connector echo already runs 1 processes"
+    assert child_pids() == before  # nothing was spawned for the refused call
+    assert tool_text(await _call(capped, second, "mcp__other__echo")) == "hi"  # another connector has room
     await capped.control("DELETE", f"/control/sessions/{first['session_id']}")
-    async with asyncio.timeout(BOUND):
-        while await _running(capped, "echo"):
-            await asyncio.sleep(0.05)
-    assert _text(await _call(capped, second, "mcp__echo__echo")) == "hi"
+    await until_running(capped, "echo", 0)
+    assert tool_text(await _call(capped, second, "mcp__echo__echo")) == "hi"
 
 
 async def test_the_total_cap_counts_the_relays_processes_too(totalled: Daemon) -> None:
     bus = await totalled.new_session(mode="bypass")
-    assert _text(await _call(totalled, bus, "mcp__echo__echo")) == "hi"
-    assert _text(await _call(totalled, bus, "mcp__other__echo")) == "hi"  # two processes: the total cap
+    assert tool_text(await _call(totalled, bus, "mcp__echo__echo")) == "hi"
+    assert tool_text(await _call(totalled, bus, "mcp__other__echo")) == "hi"  # two processes: the total cap
     routed = await totalled.new_session(mode="bypass", connector="other")
-    before = _children()
+    before = child_pids()
     with pytest.raises(BaseException) as caught:  # the SDK client wraps the error in exception groups
         async with mcp_client(routed) as client:
             await client.list_tools()
     assert "sidecar already runs 2 connector processes" in _messages(caught.value)
-    assert _children() == before
+    assert child_pids() == before
 
 
 async def test_an_idle_process_is_stopped_and_the_next_call_starts_it_again(reaping: Daemon) -> None:
     session = await reaping.new_session(mode="bypass")
     async with mcp_client(session) as client:
-        assert _text(await client.call_tool("mcp__echo__echo", {"text": "one"})) == "one"
-        assert await _running(reaping, "echo") == 1
-        async with asyncio.timeout(BOUND):  # idle_seconds = 5; the reaper looks every 1.25 s
-            while await _running(reaping, "echo"):
-                await asyncio.sleep(0.2)
-        assert _text(await client.call_tool("mcp__echo__echo", {"text": "two"})) == "two"
-        assert await _running(reaping, "echo") == 1
+        assert tool_text(await client.call_tool("mcp__echo__echo", {"text": "one"})) == "one"
+        assert await running(reaping, "echo") == 1
+        await until_running(reaping, "echo", 0, interval=0.2)  # idle_seconds = 5; the reaper looks every 1.25 s
+        assert tool_text(await client.call_tool("mcp__echo__echo", {"text": "two"})) == "two"
+        assert await running(reaping, "echo") == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,13 +11,12 @@ from typing import Any
 
 import psutil
 import pytest
-from mcp import types
 
 from sidecar.config import ConnectorSettings, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
+from tests.helpers import FIXTURES, python_server, tool_text, trust, until_running, wait_until, write_user_servers
 
-FIXTURES = Path(__file__).resolve().parents[1] / "connectors" / "fixtures"
 BOUND = 60.0
 
 
@@ -29,36 +27,24 @@ async def strict(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
         yield d
 
 
-def _configure(daemon: Daemon, servers: dict[str, Any]) -> None:
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": servers}))
-    path.chmod(0o600)
-
-
 def _fixture(name: str, **env: str) -> dict[str, Any]:
-    return {"command": sys.executable, "args": [str(FIXTURES / name)], "env": env}
-
-
-def _text(result: types.CallToolResult) -> str:
-    content = result.content[0]
-    assert isinstance(content, types.TextContent)
-    return content.text
+    return python_server(FIXTURES / name, env=env)
 
 
 async def _echo_still_works(daemon: Daemon) -> None:
     assert await daemon.control("GET", "/healthz") == {"status": "ok"}
-    assert (await daemon.control("POST", "/control/connectors/echo/trust"))["state"] == "trusted"
+    await trust(daemon, "echo")
     session = await daemon.new_session(mode="bypass")
     async with mcp_client(session) as client:
         assert (await client.list_tools()).tools
-        assert _text(await client.call_tool("mcp__echo__echo", {"text": "still here"})) == "still here"
+        assert tool_text(await client.call_tool("mcp__echo__echo", {"text": "still here"})) == "still here"
 
 
 @pytest.mark.parametrize(("fixture", "reason"), [("hang.py", "did not start"), ("flood.py", "line over")])
 async def test_a_connector_that_hangs_or_floods_is_an_error_and_nothing_else_suffers(
     strict: Daemon, fixture: str, reason: str
 ) -> None:
-    _configure(strict, {"bad": _fixture(fixture), "echo": _fixture("echo_server.py")})
+    write_user_servers(strict, {"bad": _fixture(fixture), "echo": _fixture("echo_server.py")})
     async with asyncio.timeout(BOUND):
         shown = await strict.control("POST", "/control/connectors/bad/trust")
     assert shown["state"] == "error" and reason in shown["error"], shown
@@ -67,19 +53,19 @@ async def test_a_connector_that_hangs_or_floods_is_an_error_and_nothing_else_suf
 
 async def test_a_crash_loop_ends_in_error_with_the_reason(strict: Daemon, tmp_path: Path) -> None:
     marker = tmp_path / "crash-from-now-on"
-    _configure(
+    write_user_servers(
         strict, {"loopy": _fixture("crash_later.py", CRASH_MARKER=str(marker)), "echo": _fixture("echo_server.py")}
     )
-    assert (await strict.control("POST", "/control/connectors/loopy/trust"))["state"] == "trusted"
+    await trust(strict, "loopy")
     session = await strict.new_session(mode="bypass")
     async with mcp_client(session) as client:
-        assert _text(await client.call_tool("mcp__loopy__ping", {})) == "pong"
+        assert tool_text(await client.call_tool("mcp__loopy__ping", {})) == "pong"
         marker.write_text("")
         await client.call_tool("mcp__loopy__crash", {})  # from now on every restart dies at once
         async with asyncio.timeout(BOUND):
             while True:
                 result = await client.call_tool("tool_call", {"name": "mcp__loopy__ping"})
-                if "is in error" in _text(result) or "not found or not available" in _text(result):
+                if "is in error" in tool_text(result) or "not found or not available" in tool_text(result):
                     listed = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
                     if "mcp__loopy__ping" not in listed:
                         break
@@ -103,21 +89,23 @@ def _sleepers(since: float) -> list[psutil.Process]:
 
 async def test_a_connector_that_forks_into_the_background_leaves_nothing_behind(strict: Daemon) -> None:
     started = time.time()
-    _configure(strict, {"forker": _fixture("forker.py")})
-    assert (await strict.control("POST", "/control/connectors/forker/trust"))["state"] == "trusted"
+    write_user_servers(strict, {"forker": _fixture("forker.py")})
+    await trust(strict, "forker")
     session = await strict.new_session(mode="bypass")
     async with mcp_client(session) as client:
-        pids = json.loads(_text(await client.call_tool("mcp__forker__orphan", {})))
+        pids = json.loads(tool_text(await client.call_tool("mcp__forker__orphan", {})))
         assert len(_sleepers(started)) >= 2  # its same-group child and its setsid escapee
     await strict.control("DELETE", f"/control/sessions/{session['session_id']}")
-    async with asyncio.timeout(BOUND):
-        while _sleepers(started) or any(psutil.pid_exists(p) for p in pids.values()):
-            await asyncio.sleep(0.1)
+    await wait_until(
+        lambda: not _sleepers(started) and not any(psutil.pid_exists(p) for p in pids.values()),
+        timeout=BOUND,
+        interval=0.1,
+    )
 
 
 async def test_a_relayed_connector_that_dies_mid_call_fails_that_mcp_session_only(strict: Daemon) -> None:
-    _configure(strict, {"echo": _fixture("echo_server.py")})
-    assert (await strict.control("POST", "/control/connectors/echo/trust"))["state"] == "trusted"
+    write_user_servers(strict, {"echo": _fixture("echo_server.py")})
+    await trust(strict, "echo")
     session = await strict.new_session(mode="bypass", connector="echo")
     async with mcp_client(session) as client:
         with pytest.raises(Exception) as died:
@@ -125,21 +113,19 @@ async def test_a_relayed_connector_that_dies_mid_call_fails_that_mcp_session_onl
         assert "connector echo stopped" in str(died.value), died.value
         with pytest.raises(Exception, match="not running for this MCP session; start a new session"):
             await client.call_tool("echo", {"text": "again"})
-        async with asyncio.timeout(BOUND):  # its process is gone
-            while (await strict.control("GET", "/control/connectors/echo"))["running"]:
-                await asyncio.sleep(0.05)
+        await until_running(strict, "echo", 0, timeout=BOUND)  # its process is gone
     async with mcp_client(session) as fresh:  # a new MCP session on the same route gets a new process
-        assert _text(await fresh.call_tool("echo", {"text": "back"})) == "back"
+        assert tool_text(await fresh.call_tool("echo", {"text": "back"})) == "back"
     await _echo_still_works(strict)
 
 
 async def test_a_relayed_2026_connection_that_dies_is_reopened_on_the_next_request(strict: Daemon) -> None:
-    _configure(strict, {"echo": _fixture("echo_server.py")})
-    assert (await strict.control("POST", "/control/connectors/echo/trust"))["state"] == "trusted"
+    write_user_servers(strict, {"echo": _fixture("echo_server.py")})
+    await trust(strict, "echo")
     session = await strict.new_session(mode="bypass", connector="echo")
     async with mcp_client(session, mode="2026-07-28") as client:
         with pytest.raises(Exception, match="connector echo stopped"):
             await client.call_tool("crash", {})
         # 2026-07-28 requests are self-contained: the next one simply gets a new shared process.
-        assert _text(await client.call_tool("echo", {"text": "back"})) == "back"
+        assert tool_text(await client.call_tool("echo", {"text": "back"})) == "back"
         assert (await strict.control("GET", "/control/connectors/echo"))["running"] == 1

@@ -14,36 +14,31 @@ from typing import Any
 import pytest
 
 from tests.conftest import Daemon, mcp_client, sidecar_env
+from tests.helpers import ECHO_SERVER, python_server, trust, write_user_servers
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _write_user_servers(daemon: Daemon, servers: dict[str, Any]) -> None:
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": servers}))
-    path.chmod(0o600)
 
 
 def _states(listing: dict[str, Any]) -> dict[str, str]:
     return {c["id"]: c["state"] for c in listing["connectors"]}
 
 
-ECHO = str(REPO / "tests" / "connectors" / "fixtures" / "echo_server.py")
-TIME_SERVER = {"command": sys.executable, "args": [ECHO], "env": {"TZ": "UTC"}}
+TIME_SERVER = python_server(ECHO_SERVER, env={"TZ": "UTC"})
 
 
 async def test_sources_are_listed_untrusted_and_a_broken_entry_hides_nothing(daemon: Daemon) -> None:
-    _write_user_servers(daemon, {"time": TIME_SERVER, "broken": {"args": ["x"]}})
+    write_user_servers(daemon, {"time": TIME_SERVER, "broken": {"args": ["x"]}})
     listing = await daemon.control("GET", "/control/connectors")
     assert _states(listing) == {"workspace": "configured", "time": "configured"}
     [problem] = listing["problems"]
     assert "mcp.json" in problem and "broken" in problem and "command" in problem
 
 
+@pytest.mark.slow
 async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> None:
-    _write_user_servers(daemon, {"time": TIME_SERVER})
-    shown = await daemon.control("POST", "/control/connectors/time/trust")
-    assert shown["state"] == "trusted" and shown["trust_key"].startswith("time::")
+    write_user_servers(daemon, {"time": TIME_SERVER})
+    shown = await trust(daemon, "time")
+    assert shown["trust_key"].startswith("time::")
     store = daemon.paths.state / "approvals.json"
     assert oct(store.stat().st_mode & 0o777) == "0o600"
     assert shown["trust_key"] in store.read_text()
@@ -54,20 +49,21 @@ async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> Non
         ("env", {"TZ": "UTC", "EXTRA": "1"}),
         ("cwd", "/tmp"),
     ]:
-        _write_user_servers(daemon, {"time": {**TIME_SERVER, field: value}})
+        write_user_servers(daemon, {"time": {**TIME_SERVER, field: value}})
         assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "disconnected", field
-    _write_user_servers(daemon, {"time": {**TIME_SERVER, "env": {"TZ": "Europe/Paris"}}})  # a value, not a key
+    write_user_servers(daemon, {"time": {**TIME_SERVER, "env": {"TZ": "Europe/Paris"}}})  # a value, not a key
     assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "trusted"
 
-    _write_user_servers(daemon, {"clock": TIME_SERVER})  # the same config under another name
+    write_user_servers(daemon, {"clock": TIME_SERVER})  # the same config under another name
     assert _states(await daemon.control("GET", "/control/connectors"))["clock"] == "configured"
 
     events = [r["event"] for r in daemon.audit_events() if r["event"].startswith("trust.")]
     assert events == ["trust.granted", "trust.tools_approved"]
 
 
+@pytest.mark.slow
 async def test_untrust_and_retrust(daemon: Daemon) -> None:
-    await daemon.control("POST", "/control/connectors/workspace/trust")
+    await trust(daemon, "workspace")
     assert (await daemon.control("POST", "/control/connectors/workspace/untrust"))["state"] == "configured"
     assert _states(await daemon.control("GET", "/control/connectors"))["workspace"] == "configured"
     events = [r["event"] for r in daemon.audit_events() if r["event"].startswith("trust.")]
@@ -93,8 +89,9 @@ async def test_install_validates_and_copies_a_package(daemon: Daemon, tmp_path: 
     assert not (daemon.paths.data / "connectors" / "broken").exists()
 
 
+@pytest.mark.slow
 async def test_a_tampered_trust_store_is_refused_and_trusts_nothing(daemon: Daemon, tmp_path: Path) -> None:
-    await daemon.control("POST", "/control/connectors/workspace/trust")
+    await trust(daemon, "workspace")
     store = daemon.paths.state / "approvals.json"
     evidence = tmp_path / "elsewhere.json"
     original = store.read_text()
@@ -159,8 +156,9 @@ async def _cli(home: Path, *args: str) -> str:
     return out.decode()
 
 
+@pytest.mark.slow
 async def test_a_connector_that_fails_to_start_shows_its_last_stderr_lines(daemon: Daemon, home: Path) -> None:
-    _write_user_servers(daemon, {"dying": _dying(DIE_AT_START="1")})
+    write_user_servers(daemon, {"dying": _dying(DIE_AT_START="1")})
     trusted = await daemon.control("POST", "/control/connectors/dying/trust")
     assert trusted["state"] == "error" and "exited with code 7" in trusted["error"], trusted
     shown = await daemon.control("GET", "/control/connectors/dying")
@@ -177,10 +175,11 @@ async def test_a_connector_that_fails_to_start_shows_its_last_stderr_lines(daemo
     assert SECRET not in as_json + as_text
 
 
+@pytest.mark.slow
 async def test_a_connector_that_dies_mid_call_shows_the_session_and_logs_its_stderr_once(
     daemon: Daemon, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _write_user_servers(daemon, {"dying": _dying()})
+    write_user_servers(daemon, {"dying": _dying()})
     assert (await daemon.control("POST", "/control/connectors/dying/trust"))["state"] == "trusted"
     assert (await daemon.control("GET", "/control/connectors/dying"))["last_failure"] is None
     caplog.set_level(logging.WARNING, logger="sidecar.connectors.failures")
@@ -200,8 +199,9 @@ async def test_a_connector_that_dies_mid_call_shows_the_session_and_logs_its_std
     assert SECRET not in caplog.text
 
 
+@pytest.mark.slow
 async def test_a_relayed_connector_that_dies_mid_call_shows_the_session_and_its_stderr(daemon: Daemon) -> None:
-    _write_user_servers(daemon, {"dying": _dying()})
+    write_user_servers(daemon, {"dying": _dying()})
     assert (await daemon.control("POST", "/control/connectors/dying/trust"))["state"] == "trusted"
     session = await daemon.new_session(mode="bypass", connector="dying")
     async with mcp_client(session) as client:

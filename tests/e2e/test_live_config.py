@@ -22,6 +22,9 @@ import pytest
 from sidecar.config import ConnectorSettings, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
+from tests.helpers import tool_text
+
+pytestmark = pytest.mark.slow  # real connector processes
 
 ECHO: Final = Path(__file__).resolve().parents[1] / "connectors" / "fixtures" / "echo_server.py"
 BOUND: Final = 10.0
@@ -158,6 +161,6 @@ async def test_an_edited_package_never_starts_even_when_no_watcher_noticed(unwat
     async with mcp_client(session) as client:
         refused = await client.call_tool("mcp__echo-pkg__echo", {"text": "hi"})
     assert refused.is_error
-    assert "changed since it was trusted" in str(refused.content[0].text)  # type: ignore[union-attr]
+    assert "changed since it was trusted" in tool_text(refused)
     assert not _echo_processes(), "the edited package's code ran"
     assert (await _connectors(unwatched))["echo-pkg"]["state"] != "trusted"

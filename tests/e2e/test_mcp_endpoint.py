@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 from sidecar.config import McpSettings, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
+from tests.helpers import initialize_request, tool_text, wait_until
 
 ERAS = [pytest.param("legacy", id="2025-11-25"), pytest.param("auto", id="2026-07-28")]
 EVENT_TIMEOUT = 10.0
@@ -42,7 +43,7 @@ async def test_lists_and_calls_builtin_tools_in_both_eras(any_daemon: Daemon, mo
 
         result = await client.call_tool("calculate", {"expression": "(2 + 3) * 7 ** 2"})
         assert not result.is_error
-        assert isinstance(result.content[0], types.TextContent) and result.content[0].text == "245"
+        assert tool_text(result) == "245"
         assert result.structured_content == {"result": 245}
 
     calls = any_daemon.audit_events("tool.call")
@@ -61,18 +62,18 @@ async def test_tool_errors_come_back_as_error_results_not_protocol_errors(daemon
         bad_zone = await client.call_tool("get_current_time", {"timezone": "Mars/Olympus"})
     for result in (unknown, bad_args, refused, huge, bad_zone):
         assert result.is_error
-        text = result.content[0].text  # type: ignore[union-attr]
+        text = tool_text(result)
         assert "Traceback" not in text and len(text) < 300
-    assert unknown.content[0].text == "tool not found or not available in this session"  # type: ignore[union-attr]
-    assert "invalid arguments" in bad_args.content[0].text  # type: ignore[union-attr]
-    assert "result too large" in huge.content[0].text  # type: ignore[union-attr]
+    assert tool_text(unknown) == "tool not found or not available in this session"
+    assert "invalid arguments" in tool_text(bad_args)
+    assert "result too large" in tool_text(huge)
 
 
 async def test_extra_arguments_invented_by_a_model_are_dropped(daemon: Daemon) -> None:
     session = await daemon.new_session()
     async with mcp_client(session) as client:
         result = await client.call_tool("calculate", {"expression": "1+1", "precision": 3})
-    assert not result.is_error and result.content[0].text == "2"  # type: ignore[union-attr]
+    assert not result.is_error and tool_text(result) == "2"
 
 
 async def test_session_grant_limits_what_is_listed_and_callable(daemon: Daemon) -> None:
@@ -82,7 +83,7 @@ async def test_session_grant_limits_what_is_listed_and_callable(daemon: Daemon) 
         denied = await client.call_tool("calculate", {"expression": "1+1"})
     assert names == ["get_current_time"]
     assert denied.is_error
-    assert denied.content[0].text == "tool not found or not available in this session"  # type: ignore[union-attr]
+    assert tool_text(denied) == "tool not found or not available in this session"
     [record] = daemon.audit_events("tool.call")
     assert (record["decision"], record["rule"], record["outcome"]) == ("deny", "grant", "denied")
 
@@ -135,20 +136,13 @@ async def test_another_sessions_grant_change_is_not_announced_to_me(daemon: Daem
         await daemon.control("PATCH", f"/control/sessions/{other['session_id']}", {"allow": ["calculate"]})
         # A change of my own grant is the barrier: once it arrives, any stray one would have too.
         await daemon.control("PATCH", f"/control/sessions/{mine['session_id']}", {"allow": ["*"]})
-        async with asyncio.timeout(EVENT_TIMEOUT):
-            while not seen:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: bool(seen), timeout=EVENT_TIMEOUT, interval=0.01)
     assert len(seen) == 1
 
 
 async def test_transport_session_is_bound_to_the_session_that_opened_it(daemon: Daemon) -> None:
     first, second = await daemon.new_session(), await daemon.new_session()
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
-    }
+    init = initialize_request("t")
     accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
         async with http.post(daemon.mcp_url, json=init, headers={**first["headers"], **accept}) as r:

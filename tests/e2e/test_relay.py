@@ -8,7 +8,6 @@ process of its own that ends with it, and 2026-07-28 requests share one.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,32 +15,16 @@ import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
 
-from tests.conftest import Daemon, mcp_client, trust_user_server
+from tests.conftest import Daemon, mcp_client
+from tests.helpers import FIXTURES, running, tool_text, trust_user_server, until_running
 
-FIXTURE = Path(__file__).resolve().parents[1] / "connectors" / "fixtures" / "conformance_server.py"
 BOUND = 30.0
 
 
 @pytest.fixture
 async def relayed(daemon: Daemon) -> Daemon:
-    await trust_user_server(daemon, "conformance", FIXTURE)
+    await trust_user_server(daemon, "conformance", FIXTURES / "conformance_server.py")
     return daemon
-
-
-async def _running(daemon: Daemon) -> int:
-    return int((await daemon.control("GET", "/control/connectors/conformance"))["running"])
-
-
-async def _until_running(daemon: Daemon, count: int) -> None:
-    async with asyncio.timeout(BOUND):
-        while await _running(daemon) != count:
-            await asyncio.sleep(0.05)
-
-
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
 
 
 async def test_sampling_logging_and_list_changed_reach_the_client_that_caused_them(relayed: Daemon) -> None:
@@ -69,7 +52,7 @@ async def test_sampling_logging_and_list_changed_reach_the_client_that_caused_th
     ) as client:
         sampled = await client.call_tool("test_sampling", {"prompt": "what is six times seven?"})
         assert prompts == ["what is six times seven?"]
-        assert "forty-two" in _text(sampled)
+        assert "forty-two" in tool_text(sampled)
         logged = await client.call_tool("test_tool_with_logging", {})
         assert not logged.is_error
         assert logs == ["Tool execution started", "Tool processing data", "Tool execution completed"]
@@ -84,7 +67,7 @@ async def test_the_sessions_policy_holds_on_the_relay(relayed: Daemon) -> None:
     async with mcp_client(session, mode="legacy") as client:
         assert (await client.list_tools()).tools == []
         refused = await client.call_tool("test_simple_text", {})
-        assert refused.is_error and _text(refused) == "tool not found or not available in this session"
+        assert refused.is_error and tool_text(refused) == "tool not found or not available in this session"
         assert len((await client.list_resources()).resources) > 0  # reading has no side effects: every mode may
     denied = relayed.audit_events("tool.call")[len(before) :]
     assert [(e["tool"], e["decision"], e["outcome"]) for e in denied] == [
@@ -101,15 +84,15 @@ async def test_the_sessions_policy_holds_on_the_relay(relayed: Daemon) -> None:
 async def test_each_mcp_session_has_its_own_process_until_it_ends(relayed: Daemon) -> None:
     session = await relayed.new_session(mode="bypass", connector="conformance")
     async with mcp_client(session, mode="legacy") as first:
-        await _until_running(relayed, 1)
+        await until_running(relayed, "conformance", 1)
         async with mcp_client(session, mode="legacy") as second:
-            await _until_running(relayed, 2)
-            assert _text(await second.call_tool("test_simple_text", {})) == _text(
+            await until_running(relayed, "conformance", 2)
+            assert tool_text(await second.call_tool("test_simple_text", {})) == tool_text(
                 await first.call_tool("test_simple_text", {})
             )
-        await _until_running(relayed, 1)  # the client's DELETE ended its MCP session and its process
+        await until_running(relayed, "conformance", 1)  # the client's DELETE ended its MCP session and its process
         assert not (await first.call_tool("test_simple_text", {})).is_error
-    await _until_running(relayed, 0)
+    await until_running(relayed, "conformance", 0)
 
 
 async def test_2026_requests_share_one_process_that_ends_with_the_sidecar_session(relayed: Daemon) -> None:
@@ -119,9 +102,9 @@ async def test_2026_requests_share_one_process_that_ends_with_the_sidecar_sessio
         await asyncio.gather(
             *(client.call_tool("test_simple_text", {}) for client in (first, second) for _ in range(3))
         )
-        assert await _running(relayed) == 1
+        assert await running(relayed, "conformance") == 1
     await relayed.control("DELETE", f"/control/sessions/{session['session_id']}")
-    await _until_running(relayed, 0)
+    await until_running(relayed, "conformance", 0)
 
 
 async def test_a_relayed_body_naming_a_member_twice_is_refused_before_the_connector_sees_it(relayed: Daemon) -> None:
@@ -141,4 +124,4 @@ async def test_a_relayed_body_naming_a_member_twice_is_refused_before_the_connec
         error = (await reply.json())["error"]
     assert error["code"] == -32700 and error["data"] == "parse_error"
     assert relayed.audit_bytes() == before, "a refused body was audited"
-    assert await _running(relayed) == 0, "a refused body started the connector"
+    assert await running(relayed, "conformance") == 0, "a refused body started the connector"

@@ -20,6 +20,9 @@ import pytest
 from sidecar.config import ConnectorSettings, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
+from tests.helpers import running, until_running
+
+pytestmark = pytest.mark.slow  # real connector processes
 
 ECHO: Final = Path(__file__).resolve().parents[1] / "connectors" / "fixtures" / "echo_server.py"
 BOUND: Final = 20.0
@@ -74,16 +77,11 @@ async def _abandoned_mcp_session(session: dict[str, Any]) -> str:
         return reply.headers["mcp-session-id"]
 
 
-async def _running(daemon: Daemon) -> int:
-    status = await daemon.control("GET", "/control/status")
-    return int(next(c["running"] for c in status["connectors"] if c["id"] == "echo"))
-
-
 async def test_a_client_that_never_ends_its_mcp_sessions_keeps_at_most_its_share(capped: Daemon) -> None:
     session = await capped.new_session(allow=["*"], mode="bypass", connector="echo")
     opened = [await _abandoned_mcp_session(session) for _ in range(PER_SESSION * 3)]
     assert len(set(opened)) == len(opened)  # each was a new MCP session, and each was answered
-    assert await _running(capped) == PER_SESSION  # the least recently used idle ones gave way
+    assert await running(capped, "echo") == PER_SESSION  # the least recently used idle ones gave way
 
     # The connector still serves everyone else: another sidecar session gets its own processes.
     other = await capped.new_session(allow=["*"], mode="bypass", connector="echo")
@@ -101,7 +99,5 @@ def test_the_share_of_a_session_stays_below_the_whole_connector() -> None:
 async def test_an_abandoned_relayed_process_is_reaped_when_idle(quickly_idle: Daemon) -> None:
     session = await quickly_idle.new_session(allow=["*"], mode="bypass", connector="echo")
     await _abandoned_mcp_session(session)
-    assert await _running(quickly_idle) == 1
-    async with asyncio.timeout(BOUND):
-        while await _running(quickly_idle) != 0:
-            await asyncio.sleep(0.1)
+    assert await running(quickly_idle, "echo") == 1
+    await until_running(quickly_idle, "echo", 0, timeout=BOUND)

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import aiohttp
-
 from tests.conftest import Daemon
-
-
-async def _call(daemon: Daemon, method: str, path: str, headers: dict[str, str], body: Any = None) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
-        http.request(method, daemon.url + path, json=body, headers=headers) as response,
-    ):
-        return response.status, await response.json(content_type=None)
+from tests.helpers import rest
 
 
 async def test_lists_the_sessions_tools(daemon: Daemon) -> None:
     session = await daemon.new_session(allow=["calculate"])
-    status, body = await _call(daemon, "GET", "/api/v1/mcp/tools", session["headers"])
+    status, body = await rest(daemon, "GET", "/api/v1/mcp/tools", session["headers"])
     assert status == 200
     assert [t["name"] for t in body["tools"]] == ["calculate"]
     assert body["tools"][0]["risk"] == "LOW" and body["tools"][0]["toolControlId"].startswith("tc_")
@@ -27,7 +16,7 @@ async def test_lists_the_sessions_tools(daemon: Daemon) -> None:
 
 async def test_invoke_returns_the_normalized_outcome_and_is_audited(daemon: Daemon) -> None:
     session = await daemon.new_session()
-    status, body = await _call(
+    status, body = await rest(
         daemon, "POST", "/api/v1/mcp/tools/calculate/invoke", session["headers"], {"arguments": {"expression": "6*7"}}
     )
     assert status == 200
@@ -45,7 +34,7 @@ async def test_invoke_returns_the_normalized_outcome_and_is_audited(daemon: Daem
 
 async def test_tool_failure_is_a_200_with_error_status(daemon: Daemon) -> None:
     session = await daemon.new_session()
-    status, body = await _call(
+    status, body = await rest(
         daemon, "POST", "/api/v1/mcp/tools/calculate/invoke", session["headers"], {"arguments": {"expression": "1/0"}}
     )
     assert status == 200 and body["status"] == "error" and body["result"]["isError"] is True
@@ -55,8 +44,8 @@ async def test_tool_failure_is_a_200_with_error_status(daemon: Daemon) -> None:
 async def test_unknown_tool_is_404_and_forbidden_tool_is_403_and_nothing_runs(daemon: Daemon) -> None:
     session = await daemon.new_session(allow=["get_current_time"])
     before = daemon.audit_bytes()
-    unknown, _ = await _call(daemon, "POST", "/api/v1/mcp/tools/nope/invoke", session["headers"], {"arguments": {}})
-    forbidden, body = await _call(
+    unknown, _ = await rest(daemon, "POST", "/api/v1/mcp/tools/nope/invoke", session["headers"], {"arguments": {}})
+    forbidden, body = await rest(
         daemon, "POST", "/api/v1/mcp/tools/calculate/invoke", session["headers"], {"arguments": {"expression": "1"}}
     )
     assert (unknown, forbidden) == (404, 403)
@@ -67,7 +56,7 @@ async def test_unknown_tool_is_404_and_forbidden_tool_is_403_and_nothing_runs(da
 async def test_bad_invoke_bodies_are_400(daemon: Daemon) -> None:
     session = await daemon.new_session()
     for bad in ({"arguments": [1]}, {"args": {}}, [1]):
-        status, body = await _call(daemon, "POST", "/api/v1/mcp/tools/calculate/invoke", session["headers"], bad)
+        status, body = await rest(daemon, "POST", "/api/v1/mcp/tools/calculate/invoke", session["headers"], bad)
         assert status == 400, bad
         assert body["error"]["code"] == "bad_request"
     assert daemon.audit_events("tool.call") == []
@@ -77,13 +66,13 @@ async def test_rest_needs_the_route_token_and_envelope(daemon: Daemon) -> None:
     session = await daemon.new_session()
     no_token = {"X-Sidecar-Context": session["headers"]["X-Sidecar-Context"]}
     no_envelope = {"Authorization": session["headers"]["Authorization"]}
-    assert (await _call(daemon, "GET", "/api/v1/mcp/tools", no_token))[0] == 401
-    assert (await _call(daemon, "GET", "/api/v1/mcp/tools", no_envelope))[0] == 403
-    assert (await _call(daemon, "GET", "/api/v1/openapi.json", no_token))[0] == 401
+    assert (await rest(daemon, "GET", "/api/v1/mcp/tools", no_token))[0] == 401
+    assert (await rest(daemon, "GET", "/api/v1/mcp/tools", no_envelope))[0] == 403
+    assert (await rest(daemon, "GET", "/api/v1/openapi.json", no_token))[0] == 401
 
 
 async def test_openapi_document_describes_every_facade_route(daemon: Daemon) -> None:
     session = await daemon.new_session()
-    status, doc = await _call(daemon, "GET", "/api/v1/openapi.json", session["headers"])
+    status, doc = await rest(daemon, "GET", "/api/v1/openapi.json", session["headers"])
     assert status == 200 and doc["openapi"].startswith("3.1")
     assert set(doc["paths"]) == {"/api/v1/mcp/tools", "/api/v1/mcp/tools/{name}/invoke", "/api/v1/openapi.json"}

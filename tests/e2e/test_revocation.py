@@ -15,6 +15,7 @@ import pytest
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.paths import Paths
 from tests.conftest import Daemon, running_daemon
+from tests.helpers import initialize_request
 
 ABORT_BOUND = 10.0
 """Fail-safe bound on how long an aborted request may take to end (not a timing assertion)."""
@@ -72,12 +73,7 @@ def _modern_call(name: str, headers: dict[str, str]) -> tuple[dict[str, str], by
 
 async def _open_get_stream(http: aiohttp.ClientSession, daemon: Daemon, headers: dict[str, str]) -> Any:
     accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
-    }
+    init = initialize_request("t")
     async with http.post(daemon.mcp_url, json=init, headers={**headers, **accept}) as r:
         assert r.status == 200
         transport_id = r.headers["mcp-session-id"]

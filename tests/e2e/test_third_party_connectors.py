@@ -7,7 +7,6 @@ exactly as a user would, trusted through the control API, and used through ``/mc
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from mcp import types
 
 from tests.conftest import Daemon, mcp_client
+from tests.helpers import tool_text, trust, write_user_servers
 
 EVERYTHING = Path(__file__).resolve().parents[1] / "third_party" / "node_modules" / "@modelcontextprotocol"
 EVERYTHING_MAIN = EVERYTHING / "server-everything" / "dist" / "index.js"
@@ -32,12 +32,10 @@ def _servers() -> dict[str, dict[str, object]]:
 
 
 async def _configure_and_trust(daemon: Daemon) -> None:
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": _servers()}))
-    path.chmod(0o600)
+    write_user_servers(daemon, _servers())
     for connector in ("time", "everything"):
-        shown = await daemon.control("POST", f"/control/connectors/{connector}/trust")
-        assert (shown["state"], shown["error"]) == ("trusted", None), shown
+        shown = await trust(daemon, connector)
+        assert shown["error"] is None, shown
 
 
 async def test_registry_servers_are_trusted_listed_and_called_through_mcp(daemon: Daemon) -> None:
@@ -50,10 +48,10 @@ async def test_registry_servers_are_trusted_listed_and_called_through_mcp(daemon
 
             now = await client.call_tool("mcp__time__get_current_time", {"timezone": "Asia/Tokyo"})
             assert not now.is_error
-            assert "Asia/Tokyo" in now.content[0].text  # type: ignore[union-attr]
+            assert "Asia/Tokyo" in tool_text(now)
 
             echo = await client.call_tool("mcp__everything__echo", {"message": "through sidecar"})
-            assert echo.content[0].text == "Echo: through sidecar"  # type: ignore[union-attr]
+            assert tool_text(echo) == "Echo: through sidecar"
 
             image = await client.call_tool("mcp__everything__get-tiny-image", {})
             assert any(isinstance(block, types.ImageContent) for block in image.content)  # blocks pass through
@@ -66,7 +64,7 @@ async def test_unknown_third_party_tools_default_to_medium_and_ask(daemon: Daemo
         tools = {t.name: t for t in (await client.list_tools()).tools}
         assert tools["mcp__everything__echo"].meta["dev.sidecar/risk"] == "MEDIUM"  # type: ignore[index]
         asked = await client.call_tool("mcp__everything__echo", {"message": "x"})
-    assert asked.is_error and "needs the user's approval" in asked.content[0].text  # type: ignore[union-attr]
+    assert asked.is_error and "needs the user's approval" in tool_text(asked)
 
 
 async def test_a_session_grant_can_name_a_whole_connector(daemon: Daemon) -> None:
@@ -76,7 +74,7 @@ async def test_a_session_grant_can_name_a_whole_connector(daemon: Daemon) -> Non
         names = {t.name for t in (await client.list_tools()).tools}
         denied = await client.call_tool("mcp__everything__echo", {"message": "x"})
     assert names and all(n.startswith("mcp__time__") for n in names)
-    assert denied.content[0].text == "tool not found or not available in this session"  # type: ignore[union-attr]
+    assert tool_text(denied) == "tool not found or not available in this session"
 
 
 async def test_resources_and_prompts_are_proxied_under_namespaced_names(daemon: Daemon) -> None:

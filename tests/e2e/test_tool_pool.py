@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from mcp import types
 
@@ -22,6 +21,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.config import Settings, ToolSettings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
+from tests.helpers import rest, tool_text
 
 MATRIX_TOOLS = ("low_tool", "medium_tool", "high_tool", "paid_tool", "net_tool")
 NOT_AVAILABLE = "tool not found or not available in this session"
@@ -117,28 +117,14 @@ CASES = [
 ]
 
 
-def _text(result: types.CallToolResult) -> str:
-    content = result.content[0]
-    assert isinstance(content, types.TextContent)
-    return content.text
-
-
 def _verdict_of_mcp(result: types.CallToolResult) -> str:
     if not result.is_error:
         return "allow"
-    text = _text(result)
+    text = tool_text(result)
     if text == NOT_AVAILABLE:
         return "deny"
     assert "needs the user's approval" in text and "sidecar approvals allow ap_" in text, text
     return "ask"
-
-
-async def _rest(daemon: Daemon, method: str, path: str, headers: dict[str, str], body: Any = None) -> tuple[int, Any]:
-    async with (
-        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as http,
-        http.request(method, daemon.url + path, json=body, headers=headers) as response,
-    ):
-        return response.status, await response.json(content_type=None)
 
 
 @pytest.mark.parametrize(("mode", "granted", "network"), CASES)
@@ -150,7 +136,7 @@ async def test_policy_matrix_is_the_same_on_every_path(
     table = {tool: expected(mode, tool, granted, network) for tool in MATRIX_TOOLS}
     visible = {tool for tool, verdict in table.items() if verdict != "deny"}
 
-    status, listing = await _rest(pool, "GET", "/api/v1/mcp/tools", session["headers"])
+    status, listing = await rest(pool, "GET", "/api/v1/mcp/tools", session["headers"])
     assert status == 200
     assert {t["name"] for t in listing["tools"]} & set(MATRIX_TOOLS) == visible
 
@@ -163,12 +149,12 @@ async def test_policy_matrix_is_the_same_on_every_path(
             names = [t["name"] for t in (found.structured_content or {}).get("tools", [])]
             assert (tool in names) == (verdict != "deny"), (tool, names)
             direct = await client.call_tool(tool, {"n": 1})
-            assert _verdict_of_mcp(direct) == verdict, (tool, "tools/call", _text(direct))
+            assert _verdict_of_mcp(direct) == verdict, (tool, "tools/call", tool_text(direct))
             deferred = await client.call_tool("tool_call", {"name": tool, "arguments": {"n": 1}})
-            assert _verdict_of_mcp(deferred) == verdict, (tool, "tool_call", _text(deferred))
+            assert _verdict_of_mcp(deferred) == verdict, (tool, "tool_call", tool_text(deferred))
 
     for tool, verdict in table.items():
-        status, body = await _rest(
+        status, body = await rest(
             pool, "POST", f"/api/v1/mcp/tools/{tool}/invoke", session["headers"], {"arguments": {"n": 1}}
         )
         if verdict == "deny":
@@ -197,7 +183,7 @@ async def test_schema_loaded_then_grant_revoked_then_tool_call_is_denied(pool: D
         assert "low_tool" in [t["name"] for t in (found.structured_content or {})["tools"]]
         await pool.control("PATCH", f"/control/sessions/{session['session_id']}", {"allow": ["tool_call"]})
         result = await client.call_tool("tool_call", {"name": "low_tool", "arguments": {}})
-    assert _text(result) == NOT_AVAILABLE
+    assert tool_text(result) == NOT_AVAILABLE
     assert counter.runs == {}
 
 
@@ -210,13 +196,13 @@ async def test_medium_tool_pending_approval_resolved_by_the_control_api_runs_onc
         assert _verdict_of_mcp(first) == "ask"
         [pending] = (await pool.control("GET", "/control/approvals"))["approvals"]
         assert (pending["tool"], pending["kind"], pending["state"]) == ("medium_tool", "confirm", "pending")
-        assert pending["approval_id"] in _text(first)
+        assert pending["approval_id"] in tool_text(first)
         await pool.control("POST", f"/control/approvals/{pending['approval_id']}/allow", {})
 
         other_args = await client.call_tool("medium_tool", {"n": 8})  # not the approved arguments
         assert _verdict_of_mcp(other_args) == "ask"
         retry = await client.call_tool("medium_tool", {"n": 7})
-        assert not retry.is_error and _text(retry) == "medium_tool ran"
+        assert not retry.is_error and tool_text(retry) == "medium_tool ran"
         replay = await client.call_tool("medium_tool", {"n": 7})
         assert _verdict_of_mcp(replay) == "ask"  # single use
     assert counter.runs == {"medium_tool": 1}
@@ -267,7 +253,7 @@ async def test_elicitation_answers_the_question_when_the_client_supports_it(
     if action == "accept":
         assert not result.is_error and counter.runs == {"medium_tool": 1}
     else:
-        assert result.is_error and "declined" in _text(result) and counter.runs == {}
+        assert result.is_error and "declined" in tool_text(result) and counter.runs == {}
     assert (await pool.control("GET", "/control/approvals"))["approvals"] == []
 
 
@@ -342,8 +328,8 @@ async def test_a_broken_billing_manifest_makes_every_call_ask_in_every_mode_on_b
                 deferred = await client.call_tool("tool_call", {"name": "low_tool", "arguments": {}})
                 calc = await client.call_tool("calculate", {"expression": "1+1"})
             for result in (direct, deferred, calc):
-                assert _verdict_of_mcp(result) == "ask", (mode, _text(result))
-            status, body = await _rest(
+                assert _verdict_of_mcp(result) == "ask", (mode, tool_text(result))
+            status, body = await rest(
                 daemon, "POST", "/api/v1/mcp/tools/low_tool/invoke", session["headers"], {"arguments": {}}
             )
             assert (status, body["status"]) == (200, "approval_required")

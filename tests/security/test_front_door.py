@@ -27,6 +27,7 @@ import pytest
 from sidecar.config import Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, raw_request, running_daemon
+from tests.helpers import initialize_request, response_head
 
 PROTOCOL_2026: Final = "2026-07-28"
 PROTOCOL_2025: Final = "2025-11-25"
@@ -170,18 +171,13 @@ async def _send_read_one(port: int, request: bytes) -> Reply:
         try:
             writer.write(request)
             await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-            headers = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
+            status, headers = response_head(await reader.readuntil(b"\r\n\r\n"))
             body = await reader.readexactly(int(headers["content-length"]))
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
-    return Reply(int(lines[0].split(" ")[1]), headers, body)
+    return Reply(status, headers, body)
 
 
 def _tool_calls(daemon: Daemon) -> list[dict[str, Any]]:
@@ -302,16 +298,7 @@ async def test_a_request_with_a_foreign_host_is_refused(front: Front, host: str)
 async def test_a_dns_rebinding_initialize_is_refused_before_authentication(front: Front) -> None:
     # What the MCP conformance suite sends: a plain initialize, Host of an attacker's name, no credentials.
     # 403 from the guard, not 401: the Host check comes before anything else.
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": PROTOCOL_2025,
-            "capabilities": {},
-            "clientInfo": {"name": "conformance", "version": "0"},
-        },
-    }
+    initialize = initialize_request("conformance", protocol=PROTOCOL_2025)
     headers = [
         ("Host", "evil.example.com"),
         ("Content-Type", "application/json"),

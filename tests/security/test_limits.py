@@ -13,6 +13,7 @@ import pytest
 from sidecar.config import Limits, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, raw_request, running_daemon
+from tests.helpers import response_head
 
 READ_TIMEOUT = 0.5
 
@@ -37,16 +38,13 @@ async def test_a_body_sent_too_slowly_gets_408_and_runs_nothing(strict_daemon: D
         writer.write(head.encode() + b'{"arguments": {"expression"')  # ...and never the rest
         await writer.drain()
         async with asyncio.timeout(5 + READ_TIMEOUT):
-            raw = await reader.readuntil(b"\r\n\r\n")
-            length = int(next(h for h in raw.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1])
-            raw += await reader.readexactly(length)
+            status, response_headers = response_head(await reader.readuntil(b"\r\n\r\n"))
+            body = json.loads(await reader.readexactly(int(response_headers["content-length"])))
     finally:
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
-    status_line, _, rest = raw.partition(b"\r\n")
-    assert b" 408 " in status_line
-    body = json.loads(rest.partition(b"\r\n\r\n")[2])
+    assert status == 408
     assert body["error"]["code"] == "read_timeout"
     assert strict_daemon.audit_bytes() == before
 

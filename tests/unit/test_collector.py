@@ -28,6 +28,7 @@ print(before[0] != GC_THRESHOLDS, after[0] == GC_THRESHOLDS, after[1] > before[1
 """
 
 
+@pytest.mark.slow
 def test_settling_freezes_what_start_up_left_and_raises_the_first_threshold() -> None:
     done = subprocess.run(
         [sys.executable, "-c", PROBE],

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from sidecar.config import parse_origin
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
+from tests.helpers import response_head
 
 ALLOWED_ORIGIN = "http://localhost:5173"
 EXEMPT_PATH = "/oauth/callback"
@@ -84,18 +85,13 @@ async def send(port: int, request_line: str, headers: list[str]) -> Reply:
         try:
             writer.write(raw)
             await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
-            status_line, *header_lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
-            parsed = {}
-            for line in header_lines:
-                name, _, value = line.partition(":")
-                parsed[name.strip().lower()] = value.strip()
+            status, parsed = response_head(await reader.readuntil(b"\r\n\r\n"))
             length = parsed.get("content-length")
             body = await (reader.readexactly(int(length)) if length is not None else reader.read())
         finally:
             writer.close()
             await writer.wait_closed()
-    return Reply(status=int(status_line.split()[1]), headers=parsed, body=body)
+    return Reply(status=status, headers=parsed, body=body)
 
 
 def assert_refused(reply: Reply, server: Server, *, status: int = 403) -> None:

@@ -118,6 +118,7 @@ def _analyze(unit_file: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @_NO_ANALYZE
 def test_systemd_accepts_the_rendered_unit(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "sidecar", "serve", *AWKWARD_ARGV[4:]]
@@ -130,6 +131,7 @@ def test_systemd_accepts_the_rendered_unit(tmp_path: Path) -> None:
     assert "sidecar.service" not in completed.stderr, completed.stderr
 
 
+@pytest.mark.slow
 @_NO_ANALYZE
 def test_systemd_reads_a_quoted_executable_path_as_one_word(tmp_path: Path) -> None:
     unit_file = tmp_path / "sidecar.service"

@@ -703,6 +703,7 @@ def _writer(path: Path) -> Iterator[subprocess.Popen[bytes]]:
         proc.communicate(timeout=10)
 
 
+@pytest.mark.slow
 def test_killing_a_writer_at_random_points_leaves_the_old_or_the_new_file(path: Path) -> None:
     rng = random.Random(1234)
     committed = 0
@@ -734,6 +735,7 @@ def test_killing_a_writer_at_random_points_leaves_the_old_or_the_new_file(path: 
     print(f"{committed} commits, {mid_write_kills} kills left a temp file behind")
 
 
+@pytest.mark.slow
 def test_a_temp_file_is_never_read_as_the_store_and_only_dead_writers_temps_are_swept(path: Path) -> None:
     store = TrustStore(path)
     store.trust(key_of("github"), name="github")

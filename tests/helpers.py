@@ -1,0 +1,148 @@
+"""Plain helpers the test modules share; the fixtures (and the ``Daemon`` they yield) are in ``conftest.py``.
+
+Every wait here is bounded: ``wait_until`` polls under ``asyncio.timeout``, and every HTTP request has a
+total timeout. The bounds are fail-safes, never timing assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import aiohttp
+import psutil
+from mcp import types
+
+if TYPE_CHECKING:
+    from tests.conftest import Daemon
+
+FIXTURES: Final = Path(__file__).resolve().parent / "connectors" / "fixtures"
+"""MCP servers written for the tests (``echo_server.py``, ``forker.py``, …), run as user connectors."""
+ECHO_SERVER: Final = FIXTURES / "echo_server.py"
+HTTP_TIMEOUT: Final = 15.0
+"""Seconds one HTTP request to the daemon may take."""
+BOUND: Final = 30.0
+"""Seconds a condition may take to come true before ``wait_until`` gives up."""
+
+
+def tool_text(result: types.CallToolResult) -> str:
+    """The text of an MCP tool result's first content block, which must be text."""
+    block = result.content[0]
+    assert isinstance(block, types.TextContent), result
+    return block.text
+
+
+def child_pids() -> set[int]:
+    """The pids of every descendant of the test runner (connector processes included)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]], *, timeout: float = BOUND, interval: float = 0.05
+) -> None:
+    """Poll ``condition`` (a function, or a coroutine function) every ``interval`` seconds until it is true;
+    raise ``TimeoutError`` after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while True:
+            met = condition()
+            if inspect.isawaitable(met):
+                met = await met
+            if met:
+                return
+            await asyncio.sleep(interval)
+
+
+# -- HTTP ---------------------------------------------------------------------------------------------
+
+
+async def request_json(
+    method: str, url: str, *, headers: Mapping[str, str] | None = None, body: Any = None
+) -> tuple[int, Any]:
+    """One HTTP request (``body`` sent as JSON unless None); the status and the response's JSON."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http,
+        http.request(method, url, json=body, headers=headers) as response,
+    ):
+        return response.status, await response.json(content_type=None)
+
+
+async def control_request(url: str, token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A request to the control API of the daemon at ``url``, with its control token."""
+    return await request_json(method, url + path, headers={"Authorization": f"Bearer {token}"}, body=body)
+
+
+async def rest(daemon: Daemon, method: str, path: str, headers: Mapping[str, str], body: Any = None) -> tuple[int, Any]:
+    """A request to the REST facade with a session's headers (``session["headers"]``)."""
+    return await request_json(method, daemon.url + path, headers=headers, body=body)
+
+
+def initialize_request(client: str, *, protocol: str = "2025-11-25") -> dict[str, Any]:
+    """A raw JSON-RPC ``initialize`` request (id 1) from a client named ``client``."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": protocol, "capabilities": {}, "clientInfo": {"name": client, "version": "0"}},
+    }
+
+
+def response_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """The status and headers (names in lower case) of a raw HTTP/1.x response head."""
+    status_line, *lines = head.decode("latin-1").rstrip("\r\n").split("\r\n")
+    headers: dict[str, str] = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers
+
+
+# -- the user's connectors ----------------------------------------------------------------------------
+
+
+def python_server(script: Path, *args: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An ``mcp.json`` entry that runs ``script`` with this interpreter."""
+    entry: dict[str, Any] = {"command": sys.executable, "args": [str(script), *args]}
+    if env is not None:
+        entry["env"] = dict(env)
+    return entry
+
+
+def write_user_servers(daemon: Daemon, servers: Mapping[str, Any]) -> None:
+    """Make ``servers`` the user's own MCP servers: ``<config>/mcp.json``, mode 0600 as the daemon requires."""
+    path = daemon.paths.config / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": servers}))
+    path.chmod(0o600)
+
+
+async def trust(daemon: Daemon, connector_id: str) -> dict[str, Any]:
+    """Trust a connector through the control API (which starts it once to learn its tools); its status."""
+    shown: dict[str, Any] = await daemon.control("POST", f"/control/connectors/{connector_id}/trust")
+    assert shown["state"] == "trusted", shown
+    return shown
+
+
+async def trust_user_server(daemon: Daemon, connector_id: str, script: Path) -> dict[str, Any]:
+    """Configure ``python script`` as the user's only MCP server, ``connector_id``, and trust it; its status."""
+    write_user_servers(daemon, {connector_id: python_server(script)})
+    return await trust(daemon, connector_id)
+
+
+async def running(daemon: Daemon, connector_id: str) -> int:
+    """How many processes of a connector run now, as the control API reports."""
+    return int((await daemon.control("GET", f"/control/connectors/{connector_id}"))["running"])
+
+
+async def until_running(
+    daemon: Daemon, connector_id: str, count: int, *, timeout: float = BOUND, interval: float = 0.05
+) -> None:
+    """Wait (bounded) until exactly ``count`` processes of a connector run."""
+
+    async def reached() -> bool:
+        return await running(daemon, connector_id) == count
+
+    await wait_until(reached, timeout=timeout, interval=interval)
