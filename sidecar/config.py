@@ -39,7 +39,7 @@ class _Frozen(BaseModel):
 
 
 class Limits(_Frozen):
-    """Bounds on what one request may cost the daemon (SPEC §3)."""
+    """Bounds on what one request may cost the daemon (contract §3)."""
 
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     """Largest request body in bytes; more gets 413. 4 MiB, the MCP SDK's own limit."""
@@ -104,7 +104,7 @@ class ToolSettings(_Frozen):
 
 
 class ConnectorSettings(_Frozen):
-    """Connector processes (SPEC §7)."""
+    """Connector processes (contract §7)."""
 
     start_timeout: float = Field(default=30.0, gt=0, le=600)
     """Seconds a connector has to start and answer initialize (a cold npx/uvx may download first)."""

@@ -15,7 +15,7 @@ APP_NAME = "sidecar"
 
 @dataclass(frozen=True, slots=True)
 class Paths:
-    """The three roots and the well-known files inside them (SPEC §1)."""
+    """The three roots and the well-known files inside them (contract §1)."""
 
     config: Path
     state: Path

@@ -1,4 +1,4 @@
-"""``sidecar service install|uninstall``: run the daemon under the user's service manager (SPEC §2).
+"""``sidecar service install|uninstall``: run the daemon under the user's service manager (contract §2).
 
 Linux: a systemd ``--user`` unit at ``~/.config/systemd/user/sidecar.service``. macOS: a launchd agent at
 ``~/Library/LaunchAgents/dev.sidecar.daemon.plist``. The file is written atomically; the service manager

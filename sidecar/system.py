@@ -149,7 +149,7 @@ class ProcessTree:
         """Forget recorded descendants that died, then record every descendant found now.
 
         ``max_age``: seconds a table another tree scanned may be reused (0: read ``/proc`` now; a scan
-        costs ~30 µs per process). ``leader_running``: the leader has not been reaped, so its children
+        reads one file per process on the machine). ``leader_running``: the leader has not been reaped, so its children
         are ours too (after it is reaped its pid may name someone else's process).
         """
         table = _PROC_TABLE.get(max_age)

@@ -1,4 +1,4 @@
-"""The ``X-Sidecar-Context`` session envelope (SPEC §4): sign claims, verify them strictly.
+"""The ``X-Sidecar-Context`` session envelope (contract §4): sign claims, verify them strictly.
 
 Wire form::
 

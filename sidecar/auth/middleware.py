@@ -1,7 +1,7 @@
 """Who may call which route: control token, route token + session envelope, or nothing (``/healthz``).
 
 Runs right after the network guard. A missing or wrong bearer token is 401 with
-``WWW-Authenticate: Bearer``; a missing, bad, expired or unknown envelope is 403 (SPEC §4). Tokens are
+``WWW-Authenticate: Bearer``; a missing, bad, expired or unknown envelope is 403 (contract §4). Tokens are
 read from ``Authorization: Bearer`` only, never from the URL.
 """
 

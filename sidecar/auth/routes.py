@@ -1,4 +1,4 @@
-"""Route tokens (SPEC §4): each mounted MCP route has its own bearer token, valid while it is registered.
+"""Route tokens (contract §4): each mounted MCP route has its own bearer token, valid while it is registered.
 
 Tokens are looked up by SHA-256 digest and compared in constant time; the token itself stays in memory
 only, so the control API can give it to new sessions. Unregistering or rotating a route

@@ -1,8 +1,8 @@
 """Sidecar sessions: what an agent host may do, held by the daemon and named by a signed envelope.
 
 The envelope (``X-Sidecar-Context``) only names the session and binds project, workspace, mode and
-lifetime; permissions always come from the ``Session`` record here (SPEC §4). Sessions live in memory
-for the daemon's lifetime (route tokens die with the daemon anyway, SPEC §4), so nothing here touches
+lifetime; permissions always come from the ``Session`` record here (contract §4). Sessions live in memory
+for the daemon's lifetime (route tokens die with the daemon anyway, contract §4), so nothing here touches
 disk. Ending a session aborts its in-flight work and its envelope stops working at once.
 """
 
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 class Mode(enum.StrEnum):
-    """How much a session may do without asking (SPEC §6)."""
+    """How much a session may do without asking (contract §6)."""
 
     DEFAULT = "default"
     READ_ONLY = "read-only"
@@ -46,7 +46,7 @@ VERIFIED_CACHE = 4096
 
 
 def validate_pattern(pattern: str) -> str:
-    """Allowed forms: an exact tool name, ``mcp__<server>__*``, or ``*`` (SPEC §2)."""
+    """Allowed forms: an exact tool name, ``mcp__<server>__*``, or ``*`` (contract §2)."""
     if pattern == "*" or TOOL_NAME.fullmatch(pattern) or _SERVER_PATTERN.fullmatch(pattern):
         return pattern
     raise RequestRejected(f"invalid tool pattern {preview(pattern, 80)}: use a tool name, mcp__<server>__* or *")

@@ -1,4 +1,4 @@
-"""Human approvals for tool calls that ask (SPEC §6): pending, allowed once, remembered per group.
+"""Human approvals for tool calls that ask (contract §6): pending, allowed once, remembered per group.
 
 A call that the decision answers with ``ask`` either gets a live answer (MCP elicitation, handled by
 the caller) or leaves a *pending approval* here, bound to the session, the tool and a digest of the

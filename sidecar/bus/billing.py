@@ -1,4 +1,4 @@
-"""The billing gate: does calling this tool cost money, so that a human must approve it (SPEC §6)?
+"""The billing gate: does calling this tool cost money, so that a human must approve it (contract §6)?
 
 A manifest ``high-credit-tools.json`` (``{"version": 1, "tools": {name: {"approvalKind", "group"}}}``)
 marks the tools that cost money. Several manifests may cover one scope (``builtin``, later

@@ -1,4 +1,4 @@
-"""Built-in tools: trusted by definition, registered here with their risk (SPEC §5, §6).
+"""Built-in tools: trusted by definition, registered here with their risk (contract §5, §6).
 
 | tool | risk | what |
 |---|---|---|

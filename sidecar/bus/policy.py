@@ -1,4 +1,4 @@
-"""The one decision: may this session see or run this tool, in this phase (SPEC §6)?
+"""The one decision: may this session see or run this tool, in this phase (contract §6)?
 
 Every path asks here — ``tools/list``, ``tool_search``, ``tools/call``, ``tool_call`` and the REST
 facade — and every call asks again at execution time, so a grant that shrinks applies to the next
@@ -110,7 +110,7 @@ def decide(session: Session, tool: ToolDef | None, phase: Phase, billing: Billin
     if phase is not Phase.CALL:
         return _ALLOW
     if billing.billable:
-        # SECURITY: the billable gate asks in every mode, bypass included (SPEC §6).
+        # SECURITY: the billable gate asks in every mode, bypass included (contract §6).
         return Decision(Verdict.ASK, "billable", kind=billing.kind or "billable", group=billing.group)
     if tool.risk is Risk.MEDIUM and session.mode is Mode.DEFAULT:
         return Decision(Verdict.ASK, "confirm", kind="confirm", group=f"tool:{tool.name}")

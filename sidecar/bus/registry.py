@@ -32,7 +32,7 @@ __all__ = [
 
 
 class Risk(enum.StrEnum):
-    """SPEC §6: LOW reads, MEDIUM has reversible side effects, HIGH is irreversible or talks outward."""
+    """contract §6: LOW reads, MEDIUM has reversible side effects, HIGH is irreversible or talks outward."""
 
     LOW = "LOW"
     MEDIUM = "MEDIUM"

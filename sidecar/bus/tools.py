@@ -2,7 +2,7 @@
 
 ``ToolService.call`` never raises to the caller: an unknown or forbidden tool, bad arguments, a call
 that needs approval, a tool that throws, a call aborted by revocation, or an oversized result each
-become a ``CallOutcome`` with ``is_error`` and a short message (SPEC §6). A denied call and a call to
+become a ``CallOutcome`` with ``is_error`` and a short message (contract §6). A denied call and a call to
 a tool that does not exist get the same message, so names cannot be probed.
 
 Every call is decided again at execution time, and once more after any wait for a human, from the
@@ -445,9 +445,9 @@ class _Revocation:
     """The abort callback of one running call: cancels the task the call runs in, as ``asyncio.timeout``
     does, and ``withdraw`` takes that cancellation back once it has ended the tool.
 
-    Not a task per call: that cost three event-loop turns a call, 8 % of the daemon's CPU per call at
-    2026-07-28 (scripts/bench_ab.py no-task). Nested calls (``tool_call``) share the task; each
-    withdraws only its own cancellation, so the outermost revoked call reports the abort.
+    Not a task per call: a task costs three event-loop turns a call on the hottest path. Nested calls
+    (``tool_call``) share the task; each withdraws only its own cancellation, so the outermost revoked
+    call reports the abort.
     """
 
     __slots__ = ("_fired", "_task")

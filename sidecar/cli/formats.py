@@ -1,4 +1,4 @@
-"""MCP client configurations for each agent host, from one ``session new`` result (SPEC §2).
+"""MCP client configurations for each agent host, from one ``session new`` result (contract §2).
 
 Each is what that host accepts as is: Claude Code (``.mcp.json`` / ``claude mcp add-json``), Cursor
 (``~/.cursor/mcp.json``), VS Code (``.vscode/mcp.json``), and Claude Desktop, which speaks stdio

@@ -1,4 +1,4 @@
-"""Connectors: MCP servers the daemon runs behind its one endpoint (SPEC §5).
+"""Connectors: MCP servers the daemon runs behind its one endpoint (contract §5).
 
 ``manifests`` reads the three sources (packages, the user's ``mcp.json``, plugins) into one
 ``ConnectorSpec`` shape (``spec``), validating each file as a pydantic model (``manifest_models``, whose

@@ -1,4 +1,4 @@
-"""Connector resources and prompts, proxied under namespaced URIs and names (SPEC §5, issue 4 item 5).
+"""Connector resources and prompts, proxied under namespaced URIs and names (contract §5).
 
 A connector's resource ``test://static/1`` is offered as ``sidecar:<id>/test://static/1`` and its
 prompt ``simple`` as ``mcp__<id>__simple``, so nothing from two connectors can collide and every read

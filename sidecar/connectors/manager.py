@@ -1,6 +1,6 @@
 """The connector manager: every MCP server sidecar knows of, its trust state, and what the user does to it.
 
-Sources (SPEC §5): packages in the repo's ``connectors/`` and ``<data>/connectors/``, the user's
+Sources (contract §5): packages in the repo's ``connectors/`` and ``<data>/connectors/``, the user's
 ``<config>/mcp.json``, plugins in ``<data>/plugins/``. Each is keyed ``<id>::<sha256>`` over its launch
 config (and package files); trust lives in ``<state>/approvals.json``. Nothing untrusted is spawned or
 listed, and a config whose hash changed since it was trusted is ``disconnected`` until trusted again.

@@ -1,4 +1,4 @@
-"""Per-session connector processes: spawned lazily, supervised, and stopped with their session (SPEC §7).
+"""Per-session connector processes: spawned lazily, supervised, and stopped with their session (contract §7).
 
 Each (session, connector) pair gets its own process, started on the first call that needs it with that
 session's workspace and envelope in its placeholders, and an environment scrubbed down to a small
@@ -80,7 +80,7 @@ class PoolLimits:
 
 @dataclass(frozen=True, slots=True)
 class LaunchContext:
-    """What a process's placeholders expand to (SPEC §5)."""
+    """What a process's placeholders expand to (contract §5)."""
 
     origin: str
     authorization: str

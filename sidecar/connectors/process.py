@@ -67,7 +67,7 @@ KILL_WAIT: Final = 2.0
 STOP_BOUND: Final = GRACE + TERM_WAIT + KILL_WAIT + 1.0
 """``stop()`` always returns within this many seconds; the last second covers the tree kill and pipe drain."""
 TREE_SCAN_INTERVAL: Final = 2.0
-"""Seconds between /proc scans for descendants: a scan costs ~30 µs per process (2-core VM), shared by all
+"""Seconds between /proc scans for descendants: a scan reads every process's stat, shared by all
 connectors (``_TABLE_REUSE``), so the period trades CPU against the double-fork window."""
 
 _EXIT_POLL: Final = 0.1

@@ -2,7 +2,7 @@
 
 What a trusted connector offers is learned once per trust key by a *probe* (a process started with an
 empty scratch workspace and no session), cached in ``<state>/connectors/`` so that listing tools for a
-new session spawns nothing (SPEC §7). The probe's tool definitions are fingerprinted into the trust
+new session spawns nothing (contract §7). The probe's tool definitions are fingerprinted into the trust
 store; a later listing whose schema or description differs withholds that tool until the user trusts
 the connector again (rug-pull protection), and ``connectors show`` names the drift.
 

@@ -104,7 +104,7 @@ class ConnectorService:
             self._mount(connector.id)
 
     def _mount(self, connector_id: str) -> None:
-        """``/mcp/connectors/<id>`` with its own route token (SPEC §4), for hosts that want one connector."""
+        """``/mcp/connectors/<id>`` with its own route token (contract §4), for hosts that want one connector."""
         name = connector_route(connector_id)
         if self._routes.get(name) is None:
             self._routes.register(name, path=f"/mcp/connectors/{connector_id}")

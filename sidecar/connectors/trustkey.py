@@ -1,4 +1,4 @@
-"""Trust pinned to content: the key an approval is recorded under (SPEC §5, users.md §4 item 1).
+"""Trust pinned to content: the key an approval is recorded under (contract §5).
 
 ``trust_key(spec)`` is ``<id>::<sha256>`` over the canonical launch config and, for packages and plugins,
 the digest of every file in the connector's directory. Any change to the command, the args, the env *keys*,

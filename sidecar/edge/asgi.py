@@ -1,7 +1,7 @@
 """A small ASGI bridge: hand one aiohttp request to an ASGI app (the MCP SDK's session manager).
 
 Why our own: the ``aiohttp-asgi`` package never reports ``http.disconnect`` and spins at EOF, which
-wedges the SDK's disconnect watchers (notes/mcp-sdk-2.3.md §3). Here ``receive()`` hands over the body
+wedges the SDK's disconnect watchers. Here ``receive()`` hands over the body
 once, then blocks until the client goes away or the request is aborted; writes after a disconnect are
 dropped, as uvicorn does. The body is read by the caller, bounded in size, time and depth, before the
 app sees it.

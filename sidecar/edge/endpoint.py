@@ -110,7 +110,7 @@ class McpEndpoint:
             {
                 SCOPE_KEY: principal,
                 # SDK session ownership: a transport session opened by one (route token, session) pair
-                # answers 404 to any other (SPEC §4).
+                # answers 404 to any other (contract §4).
                 "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),  # noqa: S106
             },
             watcher=self._watcher,

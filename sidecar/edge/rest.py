@@ -1,4 +1,4 @@
-"""The REST facade (SPEC §6): list and invoke the session's tools over plain HTTP, same auth as ``/mcp``."""
+"""The REST facade (contract §6): list and invoke the session's tools over plain HTTP, same auth as ``/mcp``."""
 
 from __future__ import annotations
 

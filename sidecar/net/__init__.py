@@ -1,4 +1,4 @@
-"""The network guard (SPEC §3): pure Host/Origin/target checks and the thin middleware that applies them.
+"""The network guard (contract §3): pure Host/Origin/target checks and the thin middleware that applies them.
 
 ``hostcheck`` is plain Python (no aiohttp) and raises ``sidecar.errors`` classes; ``guard`` adapts it to
 aiohttp and must be the first middleware after the error renderer.

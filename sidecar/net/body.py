@@ -1,4 +1,4 @@
-"""Bounded request bodies (docs/contract.md §3): size, read time and JSON nesting depth, checked
+"""Bounded request bodies (contract §3): size, read time and JSON nesting depth, checked
 before any parser, and one strict JSON reading of every JSON body (MCP, REST, control).
 
 ``json.loads`` raises ``RecursionError`` near depth 1000, keeps the last of duplicate member names, and

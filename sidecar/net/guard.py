@@ -1,4 +1,4 @@
-"""The network guard middleware (SPEC §3): a thin aiohttp adapter over the checks in ``hostcheck``.
+"""The network guard middleware (contract §3): a thin aiohttp adapter over the checks in ``hostcheck``.
 
 It must run before anything else looks at the request, and it reads only what the client actually
 sent: ``request.raw_path`` (the request target verbatim, as the C and pure-Python parsers keep it in

@@ -1,4 +1,4 @@
-"""Pure request-guard checks (SPEC §3): the request target, ``Host``, ``Origin`` and ``Sec-Fetch-Site``.
+"""Pure request-guard checks (contract §3): the request target, ``Host``, ``Origin`` and ``Sec-Fetch-Site``.
 
 Each check takes plain values (the raw request target, or every raw value of one header, as sent) and
 either returns ``None`` or raises the matching ``sidecar.errors`` class. No aiohttp here: ``guard.py``
@@ -7,7 +7,7 @@ offending value (``repr``, at most 100 characters, query string dropped) and the
 
 The parsers are strict and hand-written on purpose: prefix matches and lenient URL parsers are how
 loopback guards get bypassed (Jupyter GHSA-24qx-w28j-9m6p, the SDK's ``host:*`` rule, the ``user@host``
-trick of ``urlsplit("//" + host)``; see notes/security.md §0).
+trick of ``urlsplit("//" + host)``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The audit log: append-only, hash-chained JSON lines at ``<state>/audit.jsonl`` (SPEC §9).
+"""The audit log: append-only, hash-chained JSON lines at ``<state>/audit.jsonl`` (contract §9).
 
 One record per line, canonical JSON (sorted keys, no spaces, ASCII)::
 
@@ -12,8 +12,8 @@ One record per line, canonical JSON (sorted keys, no spaces, ASCII)::
 - The head file ``<state>/audit.head`` (written atomically) holds ``{"seq","hash"}`` of the last record it
   saw, so cutting records off the *end* of the log — which leaves a valid chain — is detected too.
 
-Trade-off: the head is an atomic file write with two fsyncs (≈ 1-12 ms here, against ≈ 0.05 ms for a
-whole append), so it is written on the first append after opening, then at most once per
+Trade-off: the head is an atomic file write with two fsyncs (far dearer than an append, which has
+none), so it is written on the first append after opening, then at most once per
 ``head_interval`` seconds (or every ``head_every`` records), and on ``close()``. Tail truncation is
 detected back to the last flushed head: at most about a second of records can be cut off unnoticed.
 ``head_every=1`` closes that gap at the cost of one atomic write per record.
@@ -67,7 +67,7 @@ RECOVERED_EVENT: Final = "audit.recovered"
 GENESIS: Final = "0" * 64
 """The ``prev`` of the first record."""
 _HEAD_EVERY: Final = 4096  # most records between head flushes, whatever the time
-_HEAD_INTERVAL: Final = 1.0  # seconds between head flushes under load; one flush costs ~2 fsyncs (~1-12 ms)
+_HEAD_INTERVAL: Final = 1.0  # seconds between head flushes under load; one flush costs two fsyncs
 _TAIL_BLOCK: Final = 8192  # bytes read per step when seeking the last line from the end
 _MAX_LINE: Final = 1024 * 1024  # a longer "last line" is damage, not a record
 HASH_FORM: Final = re.compile(r"[0-9a-f]{64}")
@@ -79,8 +79,8 @@ def _seal(record: dict[str, object]) -> tuple[str, bytes]:
 
     With sorted keys, ``hash`` sits between the keys below it and those above it, so the record is
     encoded as those two halves once, and both the hashed text (no ``hash``) and the line (with it) are
-    assembled from them: the same bytes as two whole encodings, for a quarter fewer instructions per
-    record (callgrind: 114 k against 147 k).
+    assembled from them: the same bytes as two whole encodings, for less work per record
+    (``scripts/bench_ab.py --instructions`` measures it).
     """
     below = canonical_json({k: v for k, v in record.items() if k < "hash"})[1:-1]  # members, no braces
     above = canonical_json({k: v for k, v in record.items() if k > "hash"})[1:-1]
@@ -283,7 +283,8 @@ class AuditLog:
                 raise type(exc)(f"audit fields must be plain JSON (str/int/float/bool/None/list/dict): {exc}") from exc
             line += b"\n"
             if self._fd is None:
-                # One checked descriptor for the log's life: re-opening per record cost ~50 µs a call.
+                # One checked descriptor for the log's life: re-opening and re-checking it per record would
+                # add two system calls and an fstat to every tool call.
                 self._fd = open_append(self.path)
             os.write(self._fd, line)
             if self._fsync:

@@ -1,4 +1,4 @@
-"""``<state>/runtime.json``: how clients find the running daemon (SPEC §1). Light on purpose: the CLI
+"""``<state>/runtime.json``: how clients find the running daemon (contract §1). Light on purpose: the CLI
 imports it for every command, so it must not pull in the server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trust store: which connectors the user trusted, at ``<state>/approvals.json`` (SPEC §5).
+"""The trust store: which connectors the user trusted, at ``<state>/approvals.json`` (contract §5).
 
 A connector is trusted under the key ``<name>::<sha256 hex of its canonical launch config>``; any change
 to the launch config changes the key, so the old approval no longer applies. With each key the store

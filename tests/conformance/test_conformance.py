@@ -41,7 +41,7 @@ async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
     """A daemon that, as a user embedding it in a local page would, allows its own origin.
 
     The suite's valid requests carry an Origin naming the server it was pointed at; the proxy turns
-    that into the daemon's own origin, which sidecar refuses unless configured (SPEC §3: none by default).
+    that into the daemon's own origin, which sidecar refuses unless configured (contract §3: none by default).
     """
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -1,4 +1,4 @@
-"""Revoking a route or ending a session aborts everything in flight on it (SPEC §4)."""
+"""Revoking a route or ending a session aborts everything in flight on it (contract §4)."""
 
 from __future__ import annotations
 

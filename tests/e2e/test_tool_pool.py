@@ -1,4 +1,4 @@
-"""The tool pool, end to end: one decision on every path (SPEC §6), asserted against a table.
+"""The tool pool, end to end: one decision on every path (contract §6), asserted against a table.
 
 Tools under test are registered at the registry seam (a real daemon, real HTTP, the SDK's client):
 ``low_tool`` (LOW), ``medium_tool`` (MEDIUM), ``high_tool`` (HIGH), ``paid_tool`` (LOW but listed as

@@ -1,4 +1,4 @@
-"""The front door (SPEC §3-4, §8): every way a request is turned away before anything runs.
+"""The front door (contract §3-4, §8): every way a request is turned away before anything runs.
 
 Each test drives the real daemon on ``127.0.0.1:0`` with hand-written bytes on a raw socket, so header
 edge cases (no ``Host`` on HTTP/1.0, two ``Host`` headers, absolute-form targets, two ``Authorization``
@@ -267,7 +267,7 @@ async def test_the_valid_request_runs_the_tool_and_audits_the_call(front: Front)
     assert "access-control-allow-origin" not in reply.headers
 
 
-# --- SPEC §3: Host and the request target -----------------------------------------------------------
+# --- contract §3: Host and the request target -----------------------------------------------------------
 
 
 async def test_a_request_without_host_is_refused(front: Front) -> None:
@@ -365,7 +365,7 @@ async def test_an_absolute_form_target_naming_the_daemon_itself_is_refused(front
     await _refused(front, request, status=403, code="host_not_allowed")
 
 
-# --- SPEC §3: Origin and Sec-Fetch-Site -------------------------------------------------------------
+# --- contract §3: Origin and Sec-Fetch-Site -------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -393,7 +393,7 @@ async def test_a_cross_site_browser_request_is_refused(front: Front, site: str) 
     await _refused(front, request, status=403, code="cross_site_request")
 
 
-# --- SPEC §4: the route token -----------------------------------------------------------------------
+# --- contract §4: the route token -----------------------------------------------------------------------
 
 
 def _auth_variants(front: Front) -> dict[str, tuple[Headers, str]]:
@@ -445,7 +445,7 @@ async def test_the_token_of_a_rotated_route_is_refused(front: Front) -> None:
     await _refused(front, request, status=401, code="unauthorized")
 
 
-# --- SPEC §4: the session envelope ------------------------------------------------------------------
+# --- contract §4: the session envelope ------------------------------------------------------------------
 
 
 def _flip(text: str, index: int) -> str:
@@ -513,7 +513,7 @@ async def test_a_route_token_from_another_daemon_is_refused(front: Front, other_
     await _refused(front, _encode(headers, _call_body()), status=401, code="unauthorized")
 
 
-# --- SPEC §4: an MCP transport session belongs to the sidecar session that opened it ----------------
+# --- contract §4: an MCP transport session belongs to the sidecar session that opened it ----------------
 
 
 def _headers_2025(front: Front, *, transport_id: str | None = None) -> Headers:
@@ -573,7 +573,7 @@ async def test_a_transport_session_is_refused_to_another_sidecar_session(
     assert [c["session"] for c in _tool_calls(front.daemon)] == [front.session["session_id"]]
 
 
-# --- SPEC §4 on the REST facade: the same credentials guard the other way to run a tool ---------------
+# --- contract §4 on the REST facade: the same credentials guard the other way to run a tool ---------------
 
 
 def _rest_invoke(headers: Headers, *, target: str = "/api/v1/mcp/tools/calculate/invoke") -> bytes:
@@ -667,7 +667,7 @@ async def test_healthz_answers_without_a_token_and_says_nothing_else(front: Fron
     assert front.daemon.audit_bytes() == before
 
 
-# --- SPEC §3: bounded bodies ------------------------------------------------------------------------
+# --- contract §3: bounded bodies ------------------------------------------------------------------------
 
 
 async def test_a_body_declared_over_the_size_limit_is_refused(front: Front) -> None:
@@ -693,7 +693,7 @@ async def test_json_nested_too_deep_is_refused(front: Front) -> None:
     await _refused(front, _encode(_call_headers(front), body), status=400, code="body_too_deep")
 
 
-# --- SPEC §3: no CORS, ever -------------------------------------------------------------------------
+# --- contract §3: no CORS, ever -------------------------------------------------------------------------
 
 
 async def test_a_cors_preflight_gets_no_cors_headers(front: Front) -> None:

@@ -1,4 +1,4 @@
-"""Request bounds (SPEC §3): a slow body, an oversized header, too many headers — each a JSON 4xx."""
+"""Request bounds (contract §3): a slow body, an oversized header, too many headers — each a JSON 4xx."""
 
 from __future__ import annotations
 
