@@ -23,6 +23,8 @@ from typing import Final
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from sidecar.text import preview
+
 __all__ = ["MAX_QUOTE", "Loc", "error_lines", "field_path", "problem_line", "quote", "render_errors"]
 
 Loc = tuple[int | str, ...]
@@ -53,11 +55,8 @@ _PREFIXES: Final = ("Value error, ", "Assertion failed, ")  # pydantic's wrappin
 
 
 def quote(value: object) -> str:
-    """``repr`` of ``value`` as text (``str()`` unless it is one), cut to ``MAX_QUOTE`` characters."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) > MAX_QUOTE:
-        text = text[:MAX_QUOTE] + "…"
-    return repr(text)
+    """``value`` as text (``str()`` unless it is one) in quotes, escaped and at most ``MAX_QUOTE`` characters."""
+    return preview(value if isinstance(value, str) else str(value), MAX_QUOTE)
 
 
 def _kind(value: object) -> str:

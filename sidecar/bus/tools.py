@@ -30,6 +30,7 @@ from sidecar.bus.search import SearchIndex
 from sidecar.bus.shapes import shape_of
 from sidecar.errors import ToolError
 from sidecar.store.audit import AuditLog
+from sidecar.text import preview
 
 __all__ = ["BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
 
@@ -437,8 +438,8 @@ class _Call:
 
 def _question_text(tool: ToolDef, kind: str) -> str:
     if kind == "confirm":
-        return f"Allow the agent to run {tool.name}? {tool.description[:200]}"
-    return f"{tool.name} costs money ({kind}). Allow this call? {tool.description[:200]}"
+        return f"Allow the agent to run {tool.name}? {preview(tool.description, 200, quote=False)}"
+    return f"{tool.name} costs money ({kind}). Allow this call? {preview(tool.description, 200, quote=False)}"
 
 
 class _Revocation:
@@ -485,5 +486,5 @@ def _clean_arguments(tool: ToolDef, arguments: Mapping[str, Any] | None) -> dict
     if errors:
         first = errors[0]
         where = "/".join(str(p) for p in first.path) or "arguments"
-        return f"invalid arguments: {where}: {first.message[:200]}"
+        return f"invalid arguments: {where}: {preview(first.message, 200, quote=False)}"
     return args
