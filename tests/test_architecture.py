@@ -104,3 +104,14 @@ def test_pure_modules_import_no_web_framework() -> None:
         "bus/shapes.py",
     ):
         assert "aiohttp" not in _all_imports(PACKAGE / pure), pure
+
+
+def test_no_daemon_code_relies_on_an_assert() -> None:
+    """The daemon runs with ``python -OO`` (``sidecar.tuning``), which strips every ``assert``."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assert)
+    ]
+    assert not found, "raise instead of asserting (stripped under -OO): " + ", ".join(found)

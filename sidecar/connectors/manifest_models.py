@@ -144,7 +144,8 @@ _ENTRIES: Final[dict[type[_Entry], TypeAdapter[Any]]] = {
 def validate_entry(name: str, raw: object, context: Context) -> StdioEntry | HttpEntry:
     """One ``mcpServers`` entry with its name; a ``ValidationError`` is located from the name (``[name, ...]``)."""
     entry = _ENTRIES[entry_model(raw)].validate_python({name: raw}, context=context)[name]
-    assert isinstance(entry, StdioEntry | HttpEntry)  # _OtherTransport never validates
+    if not isinstance(entry, StdioEntry | HttpEntry):  # _OtherTransport never validates; no assert under -OO
+        raise TypeError(f"{name}: not a stdio or http entry")
     return entry
 
 

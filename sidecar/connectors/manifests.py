@@ -279,7 +279,8 @@ def _plugin_sources(
             if manifest is None or "name" in wrong:
                 raise _Invalid(problem)
             problems.append(problem)
-        assert manifest is not None
+        if manifest is None:  # refused above with its problem; no assert: the daemon runs with -OO
+            raise _Invalid(ManifestProblem(manifest_path, f"{manifest_path}: not a plugin manifest"))
         sources.append((manifest_path, manifest.mcp_servers))
     launch_path = directory / PLUGIN_LAUNCH_FILE
     try:

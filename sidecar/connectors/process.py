@@ -236,7 +236,8 @@ class ConnectorProcess:
         self._framing = StdioFraming(self.name, max_line_bytes=self._limits.max_line_bytes)
         self._set_state(ProcessState.RUNNING)
         logger.info("connector %s started: pid %d", self.name, proc.pid)
-        assert proc.stdout is not None and proc.stderr is not None
+        if proc.stdout is None or proc.stderr is None:  # spawned with pipes; no assert under -OO
+            raise ProcessStateError(f"connector {self.name!r}: started without its pipes")
         self._pump = self._spawn(self._framing.read_stdout(proc.stdout, on_overflow=self._request_stop), "stdout")
         self._stderr_task = self._spawn(self._stderr.drain(proc.stderr), "stderr")
         self._spawn(self._monitor(), "monitor")
@@ -271,7 +272,8 @@ class ConnectorProcess:
     def _request_stop(self, reason: str | None) -> asyncio.Task[None]:
         """Start the one shutdown (first reason wins) and return it."""
         if self._shutdown is None:
-            assert self._proc is not None
+            if self._proc is None:
+                raise ProcessStateError(f"connector {self.name!r}: stop requested before it started")
             rc = self.returncode
             if reason is not None:
                 self._exit_reason = reason
@@ -302,7 +304,8 @@ class ConnectorProcess:
 
     async def _run_shutdown(self) -> None:
         proc = self._proc
-        assert proc is not None
+        if proc is None:  # no assert: the daemon runs with -OO
+            raise ProcessStateError(f"connector {self.name!r} has not started")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STOP_BOUND - 0.2
         try:
@@ -381,7 +384,8 @@ class ConnectorProcess:
     async def _monitor(self) -> None:
         """Notice the exit (even when a descendant holds the pipes) and record descendants meanwhile."""
         proc = self._proc
-        assert proc is not None
+        if proc is None:  # no assert: the daemon runs with -OO
+            raise ProcessStateError(f"connector {self.name!r} has not started")
         loop = asyncio.get_running_loop()
         next_scan = loop.time() + TREE_SCAN_INTERVAL
         while proc.returncode is None:
@@ -425,7 +429,8 @@ class ConnectorProcess:
         if self._attached:
             raise ProcessStateError(f"connector {self.name!r}: transport() serves one session and was taken")
         self._attached = True
-        assert self._proc.stdin is not None
+        if self._proc.stdin is None:  # spawned with pipes; no assert under -OO
+            raise ProcessStateError(f"connector {self.name!r}: started without stdin")
         return self._framing.session_streams(self._proc.stdin, lambda writer: self._spawn(writer, "stdin"))
 
 

@@ -245,7 +245,8 @@ class AuditLog:
             line, record = _scan_last_record(self.path)
         if record is not None and line is not None:
             seq = record["seq"]
-            assert isinstance(seq, int)  # checked by parse_record
+            if not isinstance(seq, int):  # parse_record checked it; no assert: the daemon runs with -OO
+                raise TypeError("audit record seq is not an integer")
             self._seq, self._prev, self._last_hash = seq, line_hash(line), str(record["hash"])
         if head is None:
             if self._seq > 0 and not head_unreadable:

@@ -88,7 +88,8 @@ class _Chain:
             return
         self.records += 1
         seq = record["seq"]
-        assert isinstance(seq, int)  # checked by parse_record
+        if not isinstance(seq, int):  # parse_record checked it; no assert: the daemon runs with -OO
+            raise TypeError("audit record seq is not an integer")
         edited = self._check_content(number, line, record)
         if record["prev"] != self.expected_prev and not self.previous_damaged:
             if self.last_seq == 0:
