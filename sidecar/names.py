@@ -12,6 +12,7 @@ import re
 from typing import Final
 
 __all__ = [
+    "CONNECTOR_ID",
     "MAX_TOOL_NAME",
     "PROXY_ROUTE",
     "TOOL_NAME",
@@ -19,6 +20,7 @@ __all__ = [
     "connector_of_route",
     "connector_route",
     "connector_tool",
+    "is_connector_grant",
     "split_connector_tool",
 ]
 
@@ -26,6 +28,10 @@ MAX_TOOL_NAME: Final = 64
 """Longest tool name, whole (``mcp__<id>__<tool>`` included): what hosts and model APIs accept."""
 TOOL_NAME: Final = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOOL_NAME}}}")
 """Every tool name, built-in or connector (use ``fullmatch``)."""
+
+CONNECTOR_ID: Final = re.compile(r"[a-z0-9][a-z0-9-]*(?:_[a-z0-9-]+)*")
+"""A connector id (use ``fullmatch``): lower-case, no ``__`` and no ``_`` at either end, so that
+``mcp__<id>__<tool>`` splits one way only."""
 
 PROXY_ROUTE: Final = "connector-proxy"
 """The aggregated bus at ``/mcp`` (and the REST facade under ``/api/v1/``)."""
@@ -65,3 +71,9 @@ def split_connector_tool(name: str) -> tuple[str, str] | None:
     if not sep or not connector_id or not tool:
         return None
     return connector_id, tool
+
+
+def is_connector_grant(pattern: str) -> bool:
+    """Whether ``pattern`` is ``mcp__<id>__*`` for a well-formed connector id."""
+    parts = split_connector_tool(pattern)
+    return parts is not None and parts[1] == "*" and CONNECTOR_ID.fullmatch(parts[0]) is not None

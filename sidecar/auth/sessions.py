@@ -22,7 +22,7 @@ from sidecar.auth.encoding import b64url_encode
 from sidecar.auth.envelope import EnvelopeKeys, SessionClaims
 from sidecar.auth.inflight import InflightTracker
 from sidecar.errors import EnvelopeRejected, NotFound, RequestRejected
-from sidecar.names import TOOL_NAME
+from sidecar.names import TOOL_NAME, is_connector_grant
 from sidecar.text import preview
 
 __all__ = ["Mode", "Session", "SessionStore", "session_key", "validate_pattern"]
@@ -38,7 +38,6 @@ class Mode(enum.StrEnum):
     BYPASS = "bypass"
 
 
-_SERVER_PATTERN = re.compile(r"^mcp__([A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*)__\*$")
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
 MAX_PATTERNS = 256
 VERIFIED_CACHE = 4096
@@ -47,7 +46,7 @@ VERIFIED_CACHE = 4096
 
 def validate_pattern(pattern: str) -> str:
     """Allowed forms: an exact tool name, ``mcp__<server>__*``, or ``*`` (contract §2)."""
-    if pattern == "*" or TOOL_NAME.fullmatch(pattern) or _SERVER_PATTERN.fullmatch(pattern):
+    if pattern == "*" or TOOL_NAME.fullmatch(pattern) or is_connector_grant(pattern):
         return pattern
     raise RequestRejected(f"invalid tool pattern {preview(pattern, 80)}: use a tool name, mcp__<server>__* or *")
 

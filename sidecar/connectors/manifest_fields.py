@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BeforeValidator, StringConstraints, ValidationInfo
 from pydantic_core import PydanticKnownError
 
-from sidecar.names import MAX_TOOL_NAME, TOOL_NAME, connector_tool
+from sidecar.names import CONNECTOR_ID, MAX_TOOL_NAME, TOOL_NAME, connector_tool
 from sidecar.validation import quote
 
 __all__ = [
@@ -53,8 +53,6 @@ __all__ = [
 
 MAX_ID_LENGTH: Final = 32
 """An id becomes ``mcp__<id>__<tool>``, which hosts cap at 64 characters (anthropics/claude-code#2412)."""
-# Lowercase, no "__" and no "_" at either end, so that mcp__<id>__<tool> splits one way only.
-_ID: Final = re.compile(r"[a-z0-9][a-z0-9-]*(?:_[a-z0-9-]+)*")
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HEADER_NAME: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 §5.6.2 token
 _SCOPE: Final = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")  # RFC 6749 §3.3 scope-token
@@ -101,7 +99,7 @@ def context_of(info: ValidationInfo) -> Context:
 
 def id_problem(candidate: str, label: str) -> str | None:
     """Why ``candidate`` cannot be an id (``label`` names what it is), or ``None`` when it can."""
-    if not _ID.fullmatch(candidate):
+    if not CONNECTOR_ID.fullmatch(candidate):
         return (
             f"{label} {quote(candidate)} must be lowercase letters, digits, '-' and single '_' "
             "(no '__', no '_' at either end): it becomes mcp__<id>__<tool>"
