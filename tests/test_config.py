@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config import Settings, check_bind_host, load_settings, parse_origin
+from sidecar.config import ConnectorSettings, Settings, check_bind_host, load_settings, parse_origin
 from sidecar.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,3 +73,9 @@ def test_only_127_0_0_1_may_be_bound(host: str) -> None:
 )
 def test_origins_parse_to_tuples_with_default_ports(origin: str, parsed: tuple[str, str, int]) -> None:
     assert parse_origin(origin) == parsed
+
+
+def test_the_share_of_a_session_stays_below_the_whole_connector() -> None:
+    assert ConnectorSettings(max_per_session=4, max_per_connector=4).session_share == 3
+    assert ConnectorSettings(max_per_session=2, max_per_connector=4).session_share == 2
+    assert ConnectorSettings(max_per_session=4, max_per_connector=1).session_share == 1

@@ -90,12 +90,6 @@ async def test_a_client_that_never_ends_its_mcp_sessions_keeps_at_most_its_share
     assert not result.is_error
 
 
-def test_the_share_of_a_session_stays_below_the_whole_connector() -> None:
-    assert ConnectorSettings(max_per_session=4, max_per_connector=4).session_share == 3
-    assert ConnectorSettings(max_per_session=2, max_per_connector=4).session_share == 2
-    assert ConnectorSettings(max_per_session=4, max_per_connector=1).session_share == 1
-
-
 async def test_an_abandoned_relayed_process_is_reaped_when_idle(quickly_idle: Daemon) -> None:
     session = await quickly_idle.new_session(allow=["*"], mode="bypass", connector="echo")
     await _abandoned_mcp_session(session)
