@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import __version__
+from sidecar.cli.exec import add_exec_command
 from sidecar.errors import SidecarError
 from sidecar.paths import Paths
 
@@ -350,6 +351,7 @@ def _parser() -> argparse.ArgumentParser:
     _session_commands(sub)
     _connector_commands(sub)
     _access_commands(sub)
+    add_exec_command(sub)
     return parser
 
 

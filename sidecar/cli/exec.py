@@ -1,0 +1,151 @@
+"""``sidecar exec [session options] -- CMD ARGS…``: run an agent with a session of its own.
+
+The session is created for the current directory (its workspace, and its name as the project unless
+``--project`` says otherwise); the agent gets the connection in its environment, under the names
+connectors' ``mcp.json`` placeholders use, so a host config can refer to them instead of holding
+secrets:
+
+- ``SIDECAR_LOCAL_MCP_ORIGIN`` — the daemon's origin (``http://127.0.0.1:<port>``);
+- ``SIDECAR_LOCAL_MCP_AUTHORIZATION`` — ``Bearer <route token>``;
+- ``SIDECAR_MCP_CONTEXT`` — the session envelope;
+- ``SIDECAR_MCP_URL`` — the full endpoint URL (``…/mcp``, or ``…/mcp/connectors/<id>`` with ``--connector``).
+
+The agent runs without a shell, in this process's process group, so a terminal's Ctrl-C reaches it
+directly; signals sent to ``sidecar exec`` alone (a service manager's SIGTERM, ``kill``) are passed on.
+Its exit code is ours (128 + N when a signal N ended it), and the session ends when it exits, however
+it exits — short of ``sidecar exec`` itself being killed outright, when the session lives out its TTL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from sidecar.errors import SidecarError
+from sidecar.paths import Paths
+
+__all__ = ["add_exec_command", "agent_environment", "cmd_exec"]
+
+FORWARDED: Final = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH)
+"""Signals passed on to the agent. SIGINT too, unless the terminal already sent it to the agent."""
+_PROJECT_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:/@-]+")
+
+
+def add_exec_command(sub: Any) -> None:
+    """Register ``sidecar exec`` on the top-level subparsers."""
+    parser = sub.add_parser(
+        "exec",
+        help="run an agent with a session of its own in its environment",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.set_defaults(handler=cmd_exec)
+    parser.add_argument("--project", help="the session's project (default: the current directory's name)")
+    parser.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
+    parser.add_argument("--allow", action="append", metavar="PATTERN", help="tool name, mcp__<server>__* or *")
+    parser.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--ttl", type=int, help="session lifetime in seconds (it also ends when the agent exits)")
+    parser.add_argument("--connector", metavar="ID", help="give the agent one connector's own route instead of /mcp")
+    parser.add_argument("agent", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the agent to run")
+
+
+def agent_environment(created: dict[str, Any], base: dict[str, str]) -> dict[str, str]:
+    """``base`` plus the session's connection, from a ``POST /control/sessions`` answer."""
+    url = str(created["url"])
+    parts = urlsplit(url)
+    headers = created["headers"]
+    return {
+        **base,
+        "SIDECAR_LOCAL_MCP_ORIGIN": f"{parts.scheme}://{parts.netloc}",
+        "SIDECAR_LOCAL_MCP_AUTHORIZATION": str(headers["Authorization"]),
+        "SIDECAR_MCP_CONTEXT": str(headers["X-Sidecar-Context"]),
+        "SIDECAR_MCP_URL": url,
+    }
+
+
+def cmd_exec(args: argparse.Namespace, paths: Paths) -> int:
+    from sidecar.cli.client import ControlClient
+
+    command = list(args.agent)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise SidecarError("give the agent to run after --, e.g. sidecar exec -- claude")
+    client = ControlClient(paths)
+    created = client.call("POST", "/control/sessions", _session_body(args))
+    session_id = str(created["session_id"])
+    try:
+        return _run(command, agent_environment(created, dict(os.environ)))
+    finally:
+        with contextlib.suppress(SidecarError):  # already ended (by the user, or the daemon stopped)
+            client.call("DELETE", f"/control/sessions/{session_id}")
+
+
+def _session_body(args: argparse.Namespace) -> dict[str, Any]:
+    workspace = Path.cwd().absolute()
+    body: dict[str, Any] = {
+        "workspace": str(workspace),
+        "project": args.project or _project_of(workspace),
+        "mode": args.mode,
+        "network": args.network,
+    }
+    if args.allow:
+        body["allow"] = args.allow
+    if args.ttl is not None:
+        body["ttl"] = args.ttl
+    if args.connector is not None:
+        body["connector"] = args.connector
+    return body
+
+
+def _project_of(workspace: Path) -> str:
+    name = _PROJECT_UNSAFE.sub("-", workspace.name).strip("-._:/@")[:128]
+    return name or "default"
+
+
+def _run(command: Sequence[str], env: dict[str, str]) -> int:
+    try:
+        agent = subprocess.Popen(command, env=env)  # noqa: S603 - argv as given, never through a shell
+    except OSError as exc:
+        raise SidecarError(f"cannot run {command[0]!r}: {exc.strerror}") from None
+    with _forwarding(agent):
+        while True:
+            try:
+                code = agent.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - SIGINT is handled below; belt and braces
+                continue
+    return 128 - code if code < 0 else code
+
+
+@contextlib.contextmanager
+def _forwarding(agent: subprocess.Popen[bytes]) -> Iterator[None]:
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _terminal_sent_it_too():
+            return  # the terminal signalled the whole foreground group: the agent has it already
+        with contextlib.suppress(ProcessLookupError):
+            agent.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, *FORWARDED)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _terminal_sent_it_too() -> bool:
+    """True when we are in the foreground process group of our terminal (so is the agent)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False

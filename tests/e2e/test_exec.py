@@ -1,0 +1,146 @@
+"""``sidecar exec``: an agent runs with a session of its own, gets its exit code back, and the session ends.
+
+A real daemon subprocess, ``python -m sidecar exec`` as a real subprocess, and agents that are real
+programs: a shell, and a script using the MCP SDK's own client with nothing but its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from tests.conftest import DaemonProcess
+
+pytestmark = pytest.mark.slow  # a daemon subprocess, the CLI and agents as processes
+
+BOUND: Final = 60.0
+AGENT: Final = textwrap.dedent(
+    """
+    import asyncio, os
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def main() -> None:
+        headers = {
+            "Authorization": os.environ["SIDECAR_LOCAL_MCP_AUTHORIZATION"],
+            "X-Sidecar-Context": os.environ["SIDECAR_MCP_CONTEXT"],
+        }
+        url = os.environ["SIDECAR_LOCAL_MCP_ORIGIN"] + "/mcp"
+        assert url == os.environ["SIDECAR_MCP_URL"]
+        async with httpx2.AsyncClient(headers=headers) as http:
+            async with Client(streamable_http_client(url, http_client=http)) as client:
+                result = await client.call_tool("calculate", {"expression": "6*7"})
+                print("agent got", result.content[0].text)
+
+    asyncio.run(main())
+    """
+)
+
+
+def _exec(daemon: DaemonProcess, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", "exec", *argv],
+        env=daemon.env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=BOUND,
+        check=False,
+    )
+
+
+def _sessions(daemon: DaemonProcess) -> str:
+    return daemon.cli("session", "list", "--json").stdout
+
+
+def _audit(daemon: DaemonProcess, event: str) -> list[dict[str, Any]]:
+    lines = daemon.paths.audit_file.read_text().splitlines()
+    return [record for line in lines if (record := json.loads(line))["event"] == event]
+
+
+def test_the_agent_gets_the_connection_and_its_exit_code_comes_back(
+    daemon_process: DaemonProcess, tmp_path: Path
+) -> None:
+    project = tmp_path / "my-project"
+    project.mkdir()
+    done = _exec(daemon_process, "--", "sh", "-c", "env; exit 7", cwd=project)
+
+    assert done.returncode == 7, done.stderr
+    env = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    runtime = daemon_process.paths.runtime_file.read_text()
+    assert env["SIDECAR_LOCAL_MCP_ORIGIN"].startswith("http://127.0.0.1:")
+    assert env["SIDECAR_LOCAL_MCP_ORIGIN"].rsplit(":", 1)[1] in runtime
+    assert env["SIDECAR_LOCAL_MCP_AUTHORIZATION"].startswith("Bearer ")
+    assert env["SIDECAR_MCP_CONTEXT"].startswith("v1.")
+    assert daemon_process.env["SIDECAR_HOME"] == env["SIDECAR_HOME"]  # the rest of the environment passes
+    assert _sessions(daemon_process).strip() == "[]", "the agent's session outlived it"
+    created = _audit(daemon_process, "session.created")
+    assert [r["project"] for r in created] == ["my-project"]
+
+
+def test_an_sdk_client_connects_with_only_what_its_environment_holds(
+    daemon_process: DaemonProcess, tmp_path: Path
+) -> None:
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    done = _exec(daemon_process, "--", sys.executable, str(agent), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "agent got 42" in done.stdout
+    assert [r["tool"] for r in _audit(daemon_process, "tool.call")] == ["calculate"]
+    assert _sessions(daemon_process).strip() == "[]"
+
+
+def test_a_signal_to_sidecar_exec_reaches_the_agent(daemon_process: DaemonProcess, tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    script = f"trap 'exit 42' TERM; touch {ready}; while :; do sleep 0.05; done"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "exec", "--", "sh", "-c", script],
+        env=daemon_process.env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + BOUND
+        while not ready.exists():  # the agent traps TERM only once it has started: poll, bounded
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the agent never started"
+            time.sleep(0.05)
+        assert _sessions(daemon_process).strip() != "[]"
+        os.kill(proc.pid, signal.SIGTERM)  # to sidecar exec alone, as a service manager would
+        assert proc.wait(timeout=BOUND) == 42
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=BOUND)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert _sessions(daemon_process).strip() == "[]"
+
+
+def test_an_agent_killed_by_a_signal_exits_as_a_shell_reports_it(daemon_process: DaemonProcess, tmp_path: Path) -> None:
+    done = _exec(daemon_process, "--", "sh", "-c", "kill -KILL $$", cwd=tmp_path)
+    assert done.returncode == 128 + signal.SIGKILL
+    assert _sessions(daemon_process).strip() == "[]"
+
+
+def test_an_agent_that_cannot_start_is_a_clear_error_and_leaves_no_session(
+    daemon_process: DaemonProcess, tmp_path: Path
+) -> None:
+    done = _exec(daemon_process, "--", str(tmp_path / "no-such-agent"), cwd=tmp_path)
+    assert done.returncode == 1
+    assert "cannot run" in done.stderr and "Traceback" not in done.stderr
+    assert _sessions(daemon_process).strip() == "[]"
+
+    missing = _exec(daemon_process, cwd=tmp_path)
+    assert missing.returncode == 1 and "sidecar exec -- claude" in missing.stderr
