@@ -88,6 +88,7 @@ async def run(server_url: str, *, context: dict[str, Any], protocol_version: str
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("sidecar.oauth").setLevel(logging.DEBUG)  # which records are written (never a token)
     if not argv:
         print("usage: python -m sidecar.oauth.conformance_client <server-url>", file=sys.stderr)
         return 2
