@@ -73,11 +73,14 @@ class HeadlessDriver:
     servers). Nothing listens on the redirect URI: the redirect itself is the answer.
     """
 
-    def __init__(self, *, timeout: float = AUTHORIZE_TIMEOUT) -> None:
+    def __init__(
+        self, *, timeout: float = AUTHORIZE_TIMEOUT, transport: httpx2.AsyncBaseTransport | None = None
+    ) -> None:
         self._timeout = timeout
+        self._transport = transport  # tests: an in-memory AS
 
     async def authorize(self, url: str) -> AuthorizationCodeResult:
-        async with httpx2.AsyncClient(follow_redirects=False, timeout=self._timeout) as http:
+        async with httpx2.AsyncClient(follow_redirects=False, timeout=self._timeout, transport=self._transport) as http:
             response = await http.get(url)
         location = response.headers.get("location")
         if response.status_code not in _REDIRECTS or not location:
