@@ -5,7 +5,8 @@ sidecar.oauth.conformance_client <url>``: the real credential store (a temporary
 ``CredentialTokenStorage``, ``build_provider`` and the ``HeadlessDriver``. Covered, all at conformance
 0.2.0-alpha.12 (pinned with Node 22 in ``package.json``, as for the server suite):
 
-- ``--suite auth``: the 14 tier-1 scenarios, at their default protocol version (2025-11-25, handshake);
+- ``--suite auth``: the 14 tier-1 scenarios, at their default protocol version (2025-11-25, handshake),
+  and again at ``--spec-version 2026-07-28`` (the stateless client);
 - ``--suite backcompat``: the two 2025-03-26 scenarios (no PRM; no metadata at all);
 - by name, the 2026-07-28 scenarios (run by the suite at 2026-07-28, so the stateless client).
 
@@ -63,6 +64,12 @@ BY_NAME: Final = (
     "iss-normalized",
     "metadata-issuer-mismatch",
 )
+SUITES: Final = {
+    "auth": ("--suite", "auth"),
+    "auth@2026-07-28": ("--suite", "auth", "--spec-version", "2026-07-28"),
+    "backcompat": ("--suite", "backcompat"),
+}
+"""The suite runs, by the label their tests carry; scenarios in ``BY_NAME`` run one by one."""
 REFUSALS: Final = {
     "resource-mismatch": "OAuthFlowError: Protected resource https://evil.example.com/mcp does not match",
     "iss-supported-missing": "OAuthFlowError: Authorization response missing iss parameter",
@@ -113,7 +120,7 @@ def _stderr_of(results: Path, name: str) -> str:
 def _outcome(suite: str | None, name: str, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     key = suite or name
     if key not in _runs:
-        selector = ("--suite", suite) if suite else ("--scenario", f"auth/{name}")
+        selector = SUITES[suite] if suite else ("--scenario", f"auth/{name}")
         _runs[key] = _run(selector, tmp_path_factory.mktemp("conformance-auth"))
     outcomes = _runs[key]
     assert name in outcomes, f"the suite did not run auth/{name}: {sorted(outcomes)}"
@@ -122,6 +129,7 @@ def _outcome(suite: str | None, name: str, tmp_path_factory: pytest.TempPathFact
 
 CASES = [
     *(pytest.param("auth", name, id=f"auth/{name}") for name in AUTH_SUITE),
+    *(pytest.param("auth@2026-07-28", name, id=f"auth/{name}@2026-07-28") for name in AUTH_SUITE),
     *(pytest.param("backcompat", name, id=f"auth/{name}") for name in BACKCOMPAT_SUITE),
     *(pytest.param(None, name, id=f"auth/{name}") for name in BY_NAME),
 ]
@@ -136,7 +144,10 @@ def test_the_client_passes_the_scenario(suite: str | None, name: str, tmp_path_f
         assert errors and REFUSALS[name] in errors[-1], outcome.stderr[-4000:]
 
 
-@pytest.mark.parametrize(("suite", "names"), [("auth", AUTH_SUITE), ("backcompat", BACKCOMPAT_SUITE)])
+@pytest.mark.parametrize(
+    ("suite", "names"),
+    [("auth", AUTH_SUITE), ("auth@2026-07-28", AUTH_SUITE), ("backcompat", BACKCOMPAT_SUITE)],
+)
 def test_the_suites_hold_exactly_the_scenarios_named_here(
     suite: str, names: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
