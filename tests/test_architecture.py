@@ -28,6 +28,7 @@ LAYERS = {
     "sidecar.auth": 4,
     "sidecar.bus": 5,
     "sidecar.connectors": 6,
+    "sidecar.oauth": 6,
     "sidecar.edge": 7,
     "sidecar.appkeys": 8,
     "sidecar.control": 9,

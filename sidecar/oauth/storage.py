@@ -1,0 +1,179 @@
+"""The SDK's ``TokenStorage`` over the encrypted ``CredentialStore``: one record per (connector, account, issuer).
+
+A record is one grant at one authorization server: the client registration made there, the tokens it
+issued, their **absolute** expiry, and the metadata discovered on the way (the AS's and the protected
+resource's). The SDK hands tokens over with a relative ``expires_in`` and reloads neither the expiry
+nor the metadata, so a restart could never refresh silently (python-sdk#3250); this adapter saves all
+of it and, when the provider loads the tokens again, seeds the provider through ``sdk_context.restore``.
+
+Which issuer a record is filed under:
+
+- tokens: the issuer of the AS metadata the provider discovered; else the registration's issuer;
+  else the resource server's origin (the 2025-03-26 fallback, where the server is its own AS);
+- a client registration: its own ``issuer`` (the SDK stamps it, SEP-2352); else as for tokens.
+
+Registrations are therefore kept per AS: when a server moves to another AS, the new registration and
+its tokens go to a new record and the old AS's record is left as it was. On load, the most recently
+written record of the (connector, account) is the current one.
+
+The store is synchronous, so every call runs in a worker thread. Nothing here logs a token; messages
+name the connector, the account and the issuer only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio.to_thread
+from mcp.client.auth.oauth2 import OAuthContext
+from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sidecar.errors import StorageError
+from sidecar.oauth.sdk_context import Discovered, discovered, restore
+from sidecar.store.credentials import CredentialStore, RecordId
+
+__all__ = ["CredentialTokenStorage", "StoredGrant"]
+
+logger = logging.getLogger(__name__)
+
+
+class StoredGrant(BaseModel):
+    """The secret of one record (sealed by the store as a whole)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    client: OAuthClientInformationFull | None = None
+    tokens: OAuthToken | None = None
+    expires_at: float | None = None
+    """Epoch seconds when the access token expires; None when the AS gave no ``expires_in``."""
+    authorization_server: OAuthMetadata | None = None
+    protected_resource: ProtectedResourceMetadata | None = None
+    saved_at: float = 0.0
+    """When this record was last written: the newest record of a (connector, account) is the current one."""
+
+
+class CredentialTokenStorage:
+    """``mcp.client.auth.oauth2.TokenStorage`` for one (connector, account), bound to one provider.
+
+    ``bind(provider.context)`` before the provider's first request: the adapter reads the metadata the
+    provider discovered when tokens are saved, and restores it when they are loaded.
+    """
+
+    def __init__(
+        self, store: CredentialStore, *, connector: str, account: str, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._store = store
+        self.connector = connector
+        self.account = account
+        self._clock = clock
+        self._context: OAuthContext | None = None
+        self._grants: dict[str, StoredGrant] | None = None  # by issuer; loaded on first use
+        self._current: str | None = None  # the issuer of the grant in use
+
+    def bind(self, context: OAuthContext) -> None:
+        self._context = context
+
+    # -- TokenStorage ------------------------------------------------------------------------------
+
+    async def get_tokens(self) -> OAuthToken | None:
+        grant = await self._current_grant()
+        if grant is None or grant.tokens is None:
+            return None
+        if self._context is not None:
+            # The provider is loading these tokens (``_initialize``): give it what it does not reload.
+            restore(
+                self._context,
+                expires_at=grant.expires_at,
+                metadata=Discovered(grant.authorization_server, grant.protected_resource),
+            )
+        return grant.tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        grant = await self._current_grant()
+        return None if grant is None else grant.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        grants = await self._loaded()
+        issuer = client_info.issuer or self._discovered_issuer() or self._origin()
+        old = grants.get(issuer)
+        grant = StoredGrant(client=client_info, saved_at=self._clock(), **self._metadata())
+        if old is not None and old.client is not None and old.client.client_id == client_info.client_id:
+            # The same client again (re-registration echoed the id): its tokens stay valid.
+            grant = grant.model_copy(update={"tokens": old.tokens, "expires_at": old.expires_at})
+        await self._save(issuer, grant)
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        grants = await self._loaded()
+        client = grants[self._current].client if self._current in grants else None
+        issuer = self._discovered_issuer() or (client.issuer if client else None) or self._origin()
+        now = self._clock()
+        expires_at = None if tokens.expires_in is None else now + tokens.expires_in
+        grant = StoredGrant(client=client, tokens=tokens, expires_at=expires_at, saved_at=now, **self._metadata())
+        await self._save(issuer, grant)
+
+    # -- the records -------------------------------------------------------------------------------
+
+    async def _current_grant(self) -> StoredGrant | None:
+        grants = await self._loaded()
+        return grants.get(self._current) if self._current is not None else None
+
+    async def _loaded(self) -> dict[str, StoredGrant]:
+        if self._grants is None:
+            grants = await anyio.to_thread.run_sync(self._read)
+            if grants:
+                self._current = max(grants, key=lambda issuer: grants[issuer].saved_at)
+            self._grants = grants
+        return self._grants
+
+    def _read(self) -> dict[str, StoredGrant]:
+        grants = {}
+        for record in self._store.records(self.connector):
+            if record.account != self.account:
+                continue
+            secret = self._store.get(record)
+            try:
+                grants[record.issuer] = StoredGrant.model_validate(secret)
+            except ValidationError:
+                # A record of ours that no longer parses (an SDK model changed): a new sign-in replaces it.
+                logger.warning(
+                    "OAuth record of %s (%s at %s) is not in a known shape; it needs a new sign-in",
+                    self.connector,
+                    self.account,
+                    record.issuer,
+                )
+        return grants
+
+    async def _save(self, issuer: str, grant: StoredGrant) -> None:
+        record = RecordId(self.connector, self.account, issuer)
+        secret: dict[str, Any] = grant.model_dump(mode="json", exclude_none=True)
+        try:
+            await anyio.to_thread.run_sync(self._store.put, record, secret)
+        except (OSError, StorageError):
+            logger.error("could not save the OAuth record of %s (%s at %s)", self.connector, self.account, issuer)
+            raise
+        if self._grants is not None:
+            self._grants[issuer] = grant
+        self._current = issuer
+        logger.debug("saved the OAuth record of %s (%s at %s)", self.connector, self.account, issuer)
+
+    # -- what the provider knows -------------------------------------------------------------------
+
+    def _metadata(self) -> dict[str, Any]:
+        found = discovered(self._context) if self._context is not None else Discovered()
+        return {"authorization_server": found.authorization_server, "protected_resource": found.protected_resource}
+
+    def _discovered_issuer(self) -> str | None:
+        found = discovered(self._context) if self._context is not None else Discovered()
+        return str(found.authorization_server.issuer) if found.authorization_server is not None else None
+
+    def _origin(self) -> str:
+        """The resource server's origin: the issuer of the 2025-03-26 fallback (RFC 8414 §3.3)."""
+        if self._context is None:
+            return ""
+        parts = urlsplit(self._context.server_url)
+        return f"{parts.scheme}://{parts.netloc}"
