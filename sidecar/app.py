@@ -160,6 +160,7 @@ def _bus(registry: ToolRegistry) -> Subsystem:
                 sources=frozenset(settings.tools.defer_sources),
                 auto_above=settings.tools.auto_defer_above,
             ),
+            max_result_chars=settings.tools.max_result_chars,
         )
         hub = app[HUB] = ChangeHub()
         sessions.subscribe(lambda session, event: _on_session(hub, approvals, session, event))

@@ -102,6 +102,10 @@ class ToolSettings(_Frozen):
     billing_manifest: str | None = None
     """The built-in tools' high-credit-tools.json; unset means the one shipped in the repo's config/."""
 
+    max_result_chars: int = Field(default=8000, ge=200, le=10_000_000)
+    """Characters of a tool result the agent gets: longer text is cut with a marker saying how much was
+    left out, and structured content whose JSON is longer is left out with the same marker."""
+
 
 class ConnectorSettings(_Frozen):
     """Connector processes (contract §7)."""

@@ -1,8 +1,9 @@
 """Running tools for a session: the decision, argument checks, approvals, execution, results, audit.
 
 ``ToolService.call`` never raises to the caller: an unknown or forbidden tool, bad arguments, a call
-that needs approval, a tool that throws, a call aborted by revocation, or an oversized result each
-become a ``CallOutcome`` with ``is_error`` and a short message (contract §6). A denied call and a call to
+that needs approval, a tool that throws, or a call aborted by revocation each become a ``CallOutcome``
+with ``is_error`` and a short message (contract §6). Every result is bounded for the agent's context
+window (``bus/bounds.py``). A denied call and a call to
 a tool that does not exist get the same message, so names cannot be probed.
 
 Every call is decided again at execution time, and once more after any wait for a human, from the
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping
@@ -24,6 +24,7 @@ from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.sessions import Session, SessionStore, session_key
 from sidecar.bus.approvals import ApprovalStore, arguments_digest
 from sidecar.bus.asking import Answer, Asker, Question
+from sidecar.bus.bounds import DEFAULT_MAX_RESULT_CHARS, bound_output
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
 from sidecar.bus.registry import CallContext, Progress, ToolDef, ToolHandler, ToolRegistry
 from sidecar.bus.search import SearchIndex
@@ -36,13 +37,9 @@ __all__ = ["BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
 
 logger = logging.getLogger(__name__)
 
-MAX_RESULT_CHARS: Final = 256 * 1024
-"""Characters of tool text returned to a client; the rest is cut and marked."""
 PREVIEW_CHARS: Final = 200
 NOT_AVAILABLE: Final = "tool not found or not available in this session"
 REVOKED: Final = "call aborted: the session or route was revoked"
-_SIZE_ENCODER: Final = json.JSONEncoder(default=str)
-"""Measures structured results (one encoder: ``json.dumps(..., default=str)`` builds one a call)."""
 META_TOOLS: Final = frozenset({"tool_search", "tool_call", "list_connectors"})
 """Built-ins that are never deferred: they are how deferred tools are reached."""
 
@@ -149,7 +146,9 @@ class ToolService:
         approvals: ApprovalStore,
         billing: BillingCheck | None = None,
         defer: DeferPolicy | None = None,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     ) -> None:
+        """``max_result_chars`` bounds every result for the agent's context window (``bus/bounds.py``)."""
         self._registry = registry
         self.sessions = sessions
         self._audit = audit
@@ -157,6 +156,7 @@ class ToolService:
         self.approvals = approvals
         self._billing = billing
         self._defer = defer or DeferPolicy()
+        self._max_result_chars = max_result_chars
         self._index = SearchIndex()
         self._indexed = -1
         self._indexed_tools: dict[str, ToolDef] = {}
@@ -361,17 +361,12 @@ class ToolService:
             return call.fail("error", failure)
         if isinstance(output, CallOutcome):  # tool_call hands back the inner call's outcome as is
             return output
-        text = output.text
-        if len(text) > MAX_RESULT_CHARS:
-            text = text[:MAX_RESULT_CHARS] + f"\n[truncated: result was {len(output.text)} characters]"
-        structured = output.structured
-        if structured is not None and len(_SIZE_ENCODER.encode(structured)) > MAX_RESULT_CHARS:
-            structured = None
+        output = bound_output(output, self._max_result_chars)
         return CallOutcome(
             tool=tool.name,
             status="error" if output.is_error else "ok",
-            text=text,
-            structured=structured,
+            text=output.text,
+            structured=output.structured,
             decision=call.decision,
             source=tool.source,
             server=tool.server,
