@@ -26,18 +26,20 @@ from sidecar.bus.approvals import ApprovalStore, arguments_digest
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.bounds import DEFAULT_MAX_RESULT_CHARS, bound_output
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
-from sidecar.bus.registry import CallContext, Progress, ToolDef, ToolHandler, ToolRegistry
+from sidecar.bus.registry import CallContext, Progress, Risk, ToolDef, ToolHandler, ToolRegistry
 from sidecar.bus.search import SearchIndex
 from sidecar.bus.shapes import shape_of
 from sidecar.errors import ToolError
 from sidecar.store.audit import AuditLog
 from sidecar.text import preview
 
-__all__ = ["BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
+__all__ = ["OUTCOME_STATUSES", "BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
 
 logger = logging.getLogger(__name__)
 
 PREVIEW_CHARS: Final = 200
+OUTCOME_STATUSES: Final = ("ok", "error", "denied", "approval_required", "declined", "aborted")
+"""Every ``CallOutcome.status`` (the REST facade's OpenAPI document lists them)."""
 NOT_AVAILABLE: Final = "tool not found or not available in this session"
 REVOKED: Final = "call aborted: the session or route was revoked"
 META_TOOLS: Final = frozenset({"tool_search", "tool_call", "list_connectors"})
@@ -69,14 +71,17 @@ class DeferPolicy:
 
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
-    """The normalized result of one call (the REST facade returns it as JSON)."""
+    """The normalized result of one call, whatever its route (the REST facade renders it as JSON)."""
 
     tool: str
-    status: str  # "ok" | "error" | "denied" | "approval_required" | "declined" | "aborted"
+    status: str
+    """One of ``OUTCOME_STATUSES``."""
     text: str
     structured: Mapping[str, Any] | None = None
     source: str = "builtin"
     server: str = "sidecar"
+    risk: Risk | None = None
+    """The tool's risk; None when the call never reached a known tool."""
     decision: Decision | None = field(default=None, compare=False)
     approval_id: str | None = None
     content: tuple[Mapping[str, Any], ...] | None = None
@@ -91,19 +96,6 @@ class CallOutcome:
     def preview(self) -> str:
         first = self.text.strip().splitlines()[0] if self.text.strip() else ""
         return first[:PREVIEW_CHARS]
-
-    def as_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "source": self.source,
-            "server": self.server,
-            "tool": self.tool,
-            "status": self.status,
-            "preview": self.preview(),
-            "result": {"text": self.text, "structured": self.structured, "isError": self.is_error},
-        }
-        if self.approval_id is not None:
-            body["approval_id"] = self.approval_id
-        return body
 
 
 class _SessionBus:
@@ -318,6 +310,7 @@ class ToolService:
                 decision=decision,
                 source=tool.source,
                 server=tool.server,
+                risk=tool.risk,
                 approval_id=approval.id,
             )
         return await self._run(call, args)
@@ -370,6 +363,7 @@ class ToolService:
             decision=call.decision,
             source=tool.source,
             server=tool.server,
+            risk=tool.risk,
             content=output.content,
             raw=output.raw,
         )
@@ -428,6 +422,7 @@ class _Call:
             decision=decision or self.decision,
             source=tool.source,
             server=tool.server,
+            risk=tool.risk,
         )
 
 

@@ -18,7 +18,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.config import Settings, ToolSettings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
-from tests.helpers import ECHO_SERVER, tool_text, trust_user_server
+from tests.helpers import ECHO_SERVER, rest, tool_text, trust_user_server
 
 ERAS: Final = [pytest.param("legacy", id="2025-11-25"), pytest.param("2026-07-28", id="2026-07-28")]
 DEFAULT_BOUND: Final = 8000
@@ -70,6 +70,15 @@ async def test_a_long_result_is_cut_at_the_bound_and_says_how_much_was_left_out(
     assert match is not None and int(match.group(1)) > BIG
     # A result within the bound is untouched.
     assert tool_text(small) == "fits" and small.structured_content == {"data": "fits"}
+
+
+async def test_rest_results_are_bounded_the_same_way(bounded: Daemon) -> None:
+    session = await bounded.new_session(allow=["big_result"])
+    status, body = await rest(bounded, "POST", "/api/v1/mcp/tools/big_result/invoke", session["headers"], {})
+    assert status == 200 and body["status"] == "ok"
+    assert _left_out(body["result"]) == (BIG - DEFAULT_BOUND, BIG, DEFAULT_BOUND)
+    assert STRUCTURED_MARKER.search(body["result"]) is not None
+    assert body["structured"] is None
 
 
 async def test_the_bound_is_a_setting(home: Path, workspace: Path) -> None:
