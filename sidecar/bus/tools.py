@@ -2,9 +2,9 @@
 
 ``ToolService.call`` never raises to the caller: an unknown or forbidden tool, bad arguments, a call
 that needs approval, a tool that throws, or a call aborted by revocation each become a ``CallOutcome``
-with ``is_error`` and a short message (contract §6). Every result is bounded for the agent's context
-window (``bus/bounds.py``). A denied call and a call to
-a tool that does not exist get the same message, so names cannot be probed.
+with ``is_error`` and a short message (contract §6). A denied call and a call to a tool that does not
+exist get the same message, so names cannot be probed. Every result is bounded for the agent's context
+window (``bus/bounds.py``).
 
 Every call is decided again at execution time, and once more after any wait for a human, from the
 live session record: a grant that shrank or a session that ended while a question was open wins.

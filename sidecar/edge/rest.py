@@ -10,7 +10,7 @@ describes exactly these shapes and every status a call can end in.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -200,11 +200,11 @@ def _ref(name: str) -> dict[str, Any]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-_RISK: dict[str, Any] = {
+_RISK: Final[dict[str, Any]] = {
     "enum": [r.value.lower() for r in Risk if r is not Risk.HIGH],
     "description": "low: reads; medium: side effects that can be undone (HIGH tools are never exposed)",
 }
-_SCHEMAS: dict[str, Any] = {
+_SCHEMAS: Final[dict[str, Any]] = {
     "Error": {
         "type": "object",
         "required": ["error"],
