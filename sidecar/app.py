@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from importlib import resources
 from pathlib import Path
 from typing import Final
 
@@ -78,10 +79,24 @@ __all__ = ["billing_sources", "build_app"]
 
 logger = logging.getLogger(__name__)
 
-REPO: Final = Path(__file__).resolve().parents[1]
-"""The checkout the daemon runs from (scripts/run): its config/ and connectors/ ship with the code."""
-SHIPPED_BILLING: Final = REPO / "config" / "high-credit-tools.json"
-SHIPPED_CONNECTORS: Final = REPO / "connectors"
+
+def _shipped(name: str) -> Path:
+    """A directory the package ships: the repository's ``config/`` or ``connectors/``, found with
+    ``importlib.resources`` as ``sidecar/_shipped/<name>`` (links to them in a checkout, copies of them
+    in an installed wheel: pyproject.toml's package data).
+
+    Resolved to the real directory: manifests are read with ``O_NOFOLLOW``, and a checkout's connector
+    keeps the path (and so the trust key) it had before it was packaged. Were the package imported from
+    a zip, the path would not exist: the billing gate then asks before every call (it fails closed) and
+    the shipped connectors are missing, both reported by ``sidecar status``.
+    """
+    return Path(str(resources.files("sidecar").joinpath("_shipped", name))).resolve()
+
+
+SHIPPED_BILLING: Final = _shipped("config") / "high-credit-tools.json"
+"""The built-in tools' billing manifest (``config/high-credit-tools.json``)."""
+SHIPPED_CONNECTORS: Final = _shipped("connectors")
+"""The connector packages that come with sidecar (``connectors/``, the workspace connector among them)."""
 
 Subsystem = Callable[[web.Application], AsyncIterator[None]]
 
@@ -160,6 +175,7 @@ def _bus(registry: ToolRegistry) -> Subsystem:
                 sources=frozenset(settings.tools.defer_sources),
                 auto_above=settings.tools.auto_defer_above,
             ),
+            max_result_chars=settings.tools.max_result_chars,
         )
         hub = app[HUB] = ChangeHub()
         sessions.subscribe(lambda session, event: _on_session(hub, approvals, session, event))

@@ -100,7 +100,11 @@ class ToolSettings(_Frozen):
     """When a session may use more tools than this, all but tool_search/tool_call/list_connectors are deferred."""
 
     billing_manifest: str | None = None
-    """The built-in tools' high-credit-tools.json; unset means the one shipped in the repo's config/."""
+    """The built-in tools' high-credit-tools.json; unset means the one shipped with sidecar (config/)."""
+
+    max_result_chars: int = Field(default=8000, ge=200, le=10_000_000)
+    """Characters of a tool result the agent gets: longer text is cut with a marker saying how much was
+    left out, and structured content whose JSON is longer is left out with the same marker."""
 
 
 class ConnectorSettings(_Frozen):

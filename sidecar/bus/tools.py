@@ -1,9 +1,10 @@
 """Running tools for a session: the decision, argument checks, approvals, execution, results, audit.
 
 ``ToolService.call`` never raises to the caller: an unknown or forbidden tool, bad arguments, a call
-that needs approval, a tool that throws, a call aborted by revocation, or an oversized result each
-become a ``CallOutcome`` with ``is_error`` and a short message (contract §6). A denied call and a call to
-a tool that does not exist get the same message, so names cannot be probed.
+that needs approval, a tool that throws, or a call aborted by revocation each become a ``CallOutcome``
+with ``is_error`` and a short message (contract §6). A denied call and a call to a tool that does not
+exist get the same message, so names cannot be probed. Every result is bounded for the agent's context
+window (``bus/bounds.py``).
 
 Every call is decided again at execution time, and once more after any wait for a human, from the
 live session record: a grant that shrank or a session that ended while a question was open wins.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import time
 from collections.abc import Hashable, Iterable, Mapping
@@ -24,25 +24,24 @@ from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.sessions import Session, SessionStore, session_key
 from sidecar.bus.approvals import ApprovalStore, arguments_digest
 from sidecar.bus.asking import Answer, Asker, Question
+from sidecar.bus.bounds import DEFAULT_MAX_RESULT_CHARS, bound_output
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
-from sidecar.bus.registry import CallContext, Progress, ToolDef, ToolHandler, ToolRegistry
+from sidecar.bus.registry import CallContext, Progress, Risk, ToolDef, ToolHandler, ToolRegistry
 from sidecar.bus.search import SearchIndex
 from sidecar.bus.shapes import shape_of
 from sidecar.errors import ToolError
 from sidecar.store.audit import AuditLog
 from sidecar.text import preview
 
-__all__ = ["BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
+__all__ = ["OUTCOME_STATUSES", "BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
 
 logger = logging.getLogger(__name__)
 
-MAX_RESULT_CHARS: Final = 256 * 1024
-"""Characters of tool text returned to a client; the rest is cut and marked."""
 PREVIEW_CHARS: Final = 200
+OUTCOME_STATUSES: Final = ("ok", "error", "denied", "approval_required", "declined", "aborted")
+"""Every ``CallOutcome.status`` (the REST facade's OpenAPI document lists them)."""
 NOT_AVAILABLE: Final = "tool not found or not available in this session"
 REVOKED: Final = "call aborted: the session or route was revoked"
-_SIZE_ENCODER: Final = json.JSONEncoder(default=str)
-"""Measures structured results (one encoder: ``json.dumps(..., default=str)`` builds one a call)."""
 META_TOOLS: Final = frozenset({"tool_search", "tool_call", "list_connectors"})
 """Built-ins that are never deferred: they are how deferred tools are reached."""
 
@@ -72,14 +71,17 @@ class DeferPolicy:
 
 @dataclass(frozen=True, slots=True)
 class CallOutcome:
-    """The normalized result of one call (the REST facade returns it as JSON)."""
+    """The normalized result of one call, whatever its route (the REST facade renders it as JSON)."""
 
     tool: str
-    status: str  # "ok" | "error" | "denied" | "approval_required" | "declined" | "aborted"
+    status: str
+    """One of ``OUTCOME_STATUSES``."""
     text: str
     structured: Mapping[str, Any] | None = None
     source: str = "builtin"
     server: str = "sidecar"
+    risk: Risk | None = None
+    """The tool's risk; None when the call never reached a known tool."""
     decision: Decision | None = field(default=None, compare=False)
     approval_id: str | None = None
     content: tuple[Mapping[str, Any], ...] | None = None
@@ -94,19 +96,6 @@ class CallOutcome:
     def preview(self) -> str:
         first = self.text.strip().splitlines()[0] if self.text.strip() else ""
         return first[:PREVIEW_CHARS]
-
-    def as_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "source": self.source,
-            "server": self.server,
-            "tool": self.tool,
-            "status": self.status,
-            "preview": self.preview(),
-            "result": {"text": self.text, "structured": self.structured, "isError": self.is_error},
-        }
-        if self.approval_id is not None:
-            body["approval_id"] = self.approval_id
-        return body
 
 
 class _SessionBus:
@@ -149,7 +138,9 @@ class ToolService:
         approvals: ApprovalStore,
         billing: BillingCheck | None = None,
         defer: DeferPolicy | None = None,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
     ) -> None:
+        """``max_result_chars`` bounds every result for the agent's context window (``bus/bounds.py``)."""
         self._registry = registry
         self.sessions = sessions
         self._audit = audit
@@ -157,6 +148,7 @@ class ToolService:
         self.approvals = approvals
         self._billing = billing
         self._defer = defer or DeferPolicy()
+        self._max_result_chars = max_result_chars
         self._index = SearchIndex()
         self._indexed = -1
         self._indexed_tools: dict[str, ToolDef] = {}
@@ -318,6 +310,7 @@ class ToolService:
                 decision=decision,
                 source=tool.source,
                 server=tool.server,
+                risk=tool.risk,
                 approval_id=approval.id,
             )
         return await self._run(call, args)
@@ -361,20 +354,16 @@ class ToolService:
             return call.fail("error", failure)
         if isinstance(output, CallOutcome):  # tool_call hands back the inner call's outcome as is
             return output
-        text = output.text
-        if len(text) > MAX_RESULT_CHARS:
-            text = text[:MAX_RESULT_CHARS] + f"\n[truncated: result was {len(output.text)} characters]"
-        structured = output.structured
-        if structured is not None and len(_SIZE_ENCODER.encode(structured)) > MAX_RESULT_CHARS:
-            structured = None
+        output = bound_output(output, self._max_result_chars)
         return CallOutcome(
             tool=tool.name,
             status="error" if output.is_error else "ok",
-            text=text,
-            structured=structured,
+            text=output.text,
+            structured=output.structured,
             decision=call.decision,
             source=tool.source,
             server=tool.server,
+            risk=tool.risk,
             content=output.content,
             raw=output.raw,
         )
@@ -433,6 +422,7 @@ class _Call:
             decision=decision or self.decision,
             source=tool.source,
             server=tool.server,
+            risk=tool.risk,
         )
 
 

@@ -4,34 +4,50 @@ Each is what that host accepts as is: Claude Code (``.mcp.json`` / ``claude mcp 
 (``~/.cursor/mcp.json``), VS Code (``.vscode/mcp.json``), and Claude Desktop, which speaks stdio
 only and so reaches the daemon through ``npx mcp-remote`` with the secrets passed in ``env`` (its
 ``--header`` arguments may not contain spaces).
+
+The entry is named ``sidecar`` for the bus at ``/mcp`` and ``sidecar-<id>`` for a connector's own route
+(``session new --connector <id>``), so configurations for several connectors merge into one host file
+without one replacing another.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
-__all__ = ["FORMATS", "render"]
+from sidecar.names import CONNECTOR_ID
 
-SERVER_NAME = "sidecar"
-FORMATS = ("raw", "claude-code", "cursor", "vscode", "claude-desktop")
+__all__ = ["FORMATS", "render", "server_name"]
+
+SERVER_NAME: Final = "sidecar"
+FORMATS: Final = ("raw", "claude-code", "cursor", "vscode", "claude-desktop")
+_CONNECTOR_PATH: Final = "/mcp/connectors/"
+
+
+def server_name(url: str) -> str:
+    """The host config's name for the route at ``url``: ``sidecar``, or ``sidecar-<id>`` for a connector's."""
+    path = urlsplit(url).path
+    connector_id = path.removeprefix(_CONNECTOR_PATH) if path.startswith(_CONNECTOR_PATH) else ""
+    return f"{SERVER_NAME}-{connector_id}" if CONNECTOR_ID.fullmatch(connector_id) else SERVER_NAME
 
 
 def render(fmt: str, session: dict[str, Any]) -> dict[str, Any]:
     """The configuration for host ``fmt``; ``session`` is the control API's ``POST /control/sessions`` answer."""
     url = session["url"]
     headers = dict(session["headers"])
+    name = server_name(url)
     if fmt == "raw":
         return {k: session[k] for k in ("session_id", "url", "headers", "expires_at")}
     if fmt == "claude-code":
-        return {"mcpServers": {SERVER_NAME: {"type": "http", "url": url, "headers": headers}}}
+        return {"mcpServers": {name: {"type": "http", "url": url, "headers": headers}}}
     if fmt == "cursor":
-        return {"mcpServers": {SERVER_NAME: {"url": url, "headers": headers}}}
+        return {"mcpServers": {name: {"url": url, "headers": headers}}}
     if fmt == "vscode":
-        return {"servers": {SERVER_NAME: {"type": "http", "url": url, "headers": headers}}}
+        return {"servers": {name: {"type": "http", "url": url, "headers": headers}}}
     if fmt == "claude-desktop":
         return {
             "mcpServers": {
-                SERVER_NAME: {
+                name: {
                     "command": "npx",
                     "args": [
                         "-y",

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
+from mcp import types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.connection import Connection
 from mcp.shared.dispatcher import CallOptions
@@ -35,6 +36,7 @@ from mcp.shared.inbound import (
 )
 from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, INVALID_REQUEST, RequestId
+from mcp_types.methods import serialize_server_result
 
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import Session, SessionStore
@@ -213,7 +215,7 @@ class Relay:
         if not isinstance(name, str):
             raise MCPError(code=INVALID_PARAMS, message="tools/call needs a tool name")
         if name in connector.tool_drift:
-            return _error_result(withheld_message(connector, name))
+            return _error_result(ctx, withheld_message(connector, name))
         failure: list[MCPError] = []
 
         async def execute(arguments: dict[str, Any], context: CallContext) -> ToolOutput:
@@ -240,7 +242,7 @@ class Relay:
             raise failure[0]  # the connector's own JSON-RPC error, as it sent it
         if outcome.raw is not None:
             return dict(outcome.raw)
-        return _error_result(outcome.text)
+        return _error_result(ctx, outcome.text)
 
 
 def _origin(ctx: ServerRequestContext[Any, Any], channel: Sink) -> tuple[Sink, RequestId] | None:
@@ -308,5 +310,13 @@ def _preview(raw: Mapping[str, Any]) -> str:
     return str(raw.get("resultType") or "result")
 
 
-def _error_result(text: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "isError": True}
+def _error_result(ctx: ServerRequestContext[Any, Any], text: str) -> dict[str, Any]:
+    """Sidecar's own tool error (refused, unknown, awaiting approval, withheld) in the client's era.
+
+    The relay's middleware answers without ``call_next``, so the SDK does not shape its results: this
+    does what the SDK does for a handler's result, so that a 2026-07-28 result carries the
+    ``resultType`` that era requires and a 2025-era one carries nothing its schema lacks.
+    """
+    result = types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+    dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return serialize_server_result("tools/call", ctx.protocol_version, dumped)

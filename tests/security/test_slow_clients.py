@@ -132,7 +132,7 @@ async def test_a_slow_body_after_a_prompt_head_is_the_body_deadlines_business(st
     finally:
         writer.close()
     assert reply.startswith(b"HTTP/1.1 200"), reply
-    assert json.loads(reply.partition(b"\r\n\r\n")[2])["result"]["text"] == "42"
+    assert json.loads(reply.partition(b"\r\n\r\n")[2])["result"] == "42"
 
 
 async def test_hundreds_of_stalled_sockets_do_not_stop_healthz_or_a_tool_call(tmp_path: Path, workspace: Path) -> None:
@@ -160,7 +160,7 @@ async def test_hundreds_of_stalled_sockets_do_not_stop_healthz_or_a_tool_call(tm
                     headers=session["headers"],
                 ) as call:
                     assert call.status == 200
-                    assert (await call.json())["result"]["text"] == "1024"
+                    assert (await call.json())["result"] == "1024"
             assert all(not task.done() for task in dripping), "a dripping socket ended early"
             assert all(not writer.is_closing() for writer in stalled)
         finally:

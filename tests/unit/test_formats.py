@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.cli.formats import FORMATS, render
+from sidecar.cli.formats import FORMATS, render, server_name
 
 URL = "http://127.0.0.1:43210/mcp"
 TOKEN = "Bearer tOkEn-0123456789_abcdefghijklmnopqrstuvwxyzABCDE"
@@ -110,3 +110,28 @@ def test_unknown_format_is_a_value_error_listing_the_choices(fmt: str, created: 
     assert repr(fmt) in message
     for known in FORMATS:
         assert known in message
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        (URL, "sidecar"),
+        ("http://127.0.0.1:43210/mcp/connectors/workspace", "sidecar-workspace"),
+        ("http://127.0.0.1:43210/mcp/connectors/my-db_2", "sidecar-my-db_2"),
+        ("http://127.0.0.1:43210/mcp/connectors/", "sidecar"),
+        ("http://127.0.0.1:43210/mcp/connectors/a/b", "sidecar"),  # not a connector id: never a path in a name
+        ("http://127.0.0.1:43210/api/v1/mcp/connectors/x", "sidecar"),
+    ],
+)
+def test_a_connectors_route_names_its_entry_after_the_connector(url: str, name: str) -> None:
+    assert server_name(url) == name
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "raw"])
+def test_every_host_format_names_a_connectors_entry_after_it(fmt: str, created: dict[str, Any]) -> None:
+    bus = render(fmt, created)
+    own = render(fmt, {**created, "url": "http://127.0.0.1:43210/mcp/connectors/workspace"})
+    [key] = bus
+    assert list(own) == [key]
+    assert list(bus[key]) == ["sidecar"] and list(own[key]) == ["sidecar-workspace"]
+    assert {**bus[key], **own[key]}.keys() == {"sidecar", "sidecar-workspace"}  # merged, neither replaced

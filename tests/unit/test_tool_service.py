@@ -12,9 +12,10 @@ import pytest
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.sessions import Session, SessionStore, session_key
 from sidecar.bus.approvals import ApprovalState, ApprovalStore, arguments_digest
+from sidecar.bus.bounds import DEFAULT_MAX_RESULT_CHARS
 from sidecar.bus.builtins import install_builtins
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
-from sidecar.bus.tools import MAX_RESULT_CHARS, ToolService
+from sidecar.bus.tools import ToolService
 from sidecar.errors import Conflict
 from sidecar.store.audit import AuditLog
 
@@ -47,7 +48,7 @@ def _registry() -> ToolRegistry:
         raise RuntimeError("secret internal detail /etc/shadow")
 
     async def huge(arguments: dict[str, Any], call: CallContext) -> ToolOutput:
-        return ToolOutput(text="x" * (MAX_RESULT_CHARS + 10))
+        return ToolOutput(text="x" * (DEFAULT_MAX_RESULT_CHARS + 10))
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     registry.add(name="strict", description="d", risk=Risk.LOW, handler=strict, parameters=schema)
@@ -90,8 +91,7 @@ async def test_an_oversized_result_is_truncated_with_a_marker(tmp_path: Path) ->
     service, session = _service(tmp_path, _registry())
     outcome = await service.call(session, "huge", {}, via="test")
     assert outcome.status == "ok"
-    assert outcome.text.endswith(f"[truncated: result was {MAX_RESULT_CHARS + 10} characters]")
-    assert len(outcome.text) < MAX_RESULT_CHARS + 100
+    assert outcome.text.startswith("x" * DEFAULT_MAX_RESULT_CHARS + "\n[truncated: 10 of ")
 
 
 async def test_unknown_and_denied_look_the_same(tmp_path: Path) -> None:
