@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sidecar.errors import ConfigError
+from sidecar.names import BUILTIN_GRANT, CONNECTOR_ID, is_grant_pattern
 from sidecar.origins import Origin, parse_origin
 from sidecar.validation import Loc, quote, render_errors
 
@@ -85,6 +86,20 @@ class SessionSettings(_Frozen):
 
     max_ttl: int = Field(default=7 * 24 * 3600, ge=60)
     """Longest lifetime a session may be given."""
+
+    default_allow: tuple[str, ...] = Field(default=(BUILTIN_GRANT,), max_length=256)
+    """The grant of a session created without ``--allow``: the built-ins, and no connector tool unless
+    you add its ``mcp__<id>__*`` here (or ``*``)."""
+
+    @field_validator("default_allow")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if not is_grant_pattern(pattern):
+                raise ValueError(
+                    f"{quote(pattern)} is not a tool pattern: use a tool name, {BUILTIN_GRANT}, mcp__<id>__* or *"
+                )
+        return value
 
 
 class ToolSettings(_Frozen):

@@ -8,6 +8,14 @@ Order: the tool exists → HIGH is never exposed → the session's grant covers 
 needs it → its availability predicate → the mode permits its risk → the billable gate (asks in every
 mode, ``bypass`` included) → MEDIUM asks in ``default`` mode → allow. Listing and search never ask: a
 tool that would ask at call time is visible, and the question comes when it is called.
+
+The grant (``names.is_grant_pattern``): ``*`` covers every tool, ``builtin:*`` every built-in,
+``mcp__<id>__*`` every tool of one connector, a name that one tool. A connector's tools are covered only
+by ``*`` or a pattern naming that connector, so a session given the default grant (``builtin:*``)
+never gains a connector's tools, whenever the connector is trusted. Connector tools need the network
+unless their connector declares it works offline (``ToolDef.needs_network``); the same two rules decide
+whether a session may use a connector at all (``reaches_connector``: its own route, ``list_connectors``)
+or as a whole (``grants_connector``: its resources and prompts).
 """
 
 from __future__ import annotations
@@ -18,9 +26,18 @@ from typing import Final
 
 from sidecar.auth.sessions import Mode, Session
 from sidecar.bus.registry import Risk, ToolDef
-from sidecar.names import connector_grant
+from sidecar.names import BUILTIN_GRANT, connector_grant, split_connector_tool
 
-__all__ = ["Billing", "Decision", "Phase", "Verdict", "decide", "grants_connector", "pattern_allows"]
+__all__ = [
+    "Billing",
+    "Decision",
+    "Phase",
+    "Verdict",
+    "decide",
+    "grants_connector",
+    "pattern_allows",
+    "reaches_connector",
+]
 
 
 class Phase(enum.StrEnum):
@@ -73,16 +90,32 @@ _ALLOW: Final = Decision(Verdict.ALLOW, "allow")
 
 
 def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
-    """``*``, an exact name, or ``mcp__<server>__*`` for a connector's tools."""
+    """``*``, an exact name, ``builtin:*`` for the built-ins, or ``mcp__<server>__*`` for a connector's tools."""
     if "*" in patterns or tool.name in patterns:
         return True
-    return tool.source != "builtin" and connector_grant(tool.server) in patterns
+    if tool.source == "builtin":
+        return BUILTIN_GRANT in patterns
+    return connector_grant(tool.server) in patterns
 
 
-def grants_connector(session: Session, connector_id: str) -> bool:
-    """Whether the session's grant covers a connector whole (``*`` or ``mcp__<id>__*``): what reading its
-    resources and prompts, and reaching its own route beyond single tools, require."""
+def grants_connector(session: Session, connector_id: str, *, needs_network: bool) -> bool:
+    """Whether the session may use a connector whole: its grant covers it (``*`` or ``mcp__<id>__*``) and,
+    unless the connector works offline, the session has the network. What reading its resources and
+    prompts, and reaching its own route beyond single tools, require."""
+    if needs_network and not session.network:
+        return False
     return "*" in session.allow or connector_grant(connector_id) in session.allow
+
+
+def reaches_connector(session: Session, connector_id: str, *, needs_network: bool) -> bool:
+    """Whether the session may use any of a connector: its grant covers the connector or names one of its
+    tools, and it has the network unless the connector works offline. A session that may not is never
+    told the connector exists (``list_connectors``, the deferred-tools hint) nor served on its route."""
+    if grants_connector(session, connector_id, needs_network=needs_network):
+        return True
+    if needs_network and not session.network:
+        return False
+    return any((parts := split_connector_tool(p)) is not None and parts[0] == connector_id for p in session.allow)
 
 
 def _available(tool: ToolDef, session: Session) -> bool:

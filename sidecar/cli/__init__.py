@@ -96,9 +96,10 @@ def cmd_session_new(args: argparse.Namespace, paths: Paths) -> int:
         "project": args.project,
         "workspace": str(Path(args.workspace or os.getcwd()).absolute()),
         "mode": args.mode,
-        "allow": args.allow or ["*"],
         "network": args.network,
     }
+    if args.allow is not None:
+        body["allow"] = args.allow  # else the daemon's [sessions] default_allow: no connector tool
     if args.ttl is not None:
         body["ttl"] = args.ttl
     if args.connector is not None:
@@ -294,10 +295,29 @@ def _session_commands(sub: Any) -> None:
     new.add_argument("--project", default="default")
     new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
     new.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
-    new.add_argument("--allow", action="append", metavar="PATTERN", help="tool name, mcp__<server>__* or *")
-    new.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
+    new.add_argument(
+        "--allow",
+        action="append",
+        metavar="PATTERN",
+        help=(
+            "grant a tool name, builtin:* (every built-in), mcp__<id>__* (every tool of connector <id>) or * "
+            "(everything, connectors trusted later too); repeatable. Without --allow: the built-ins the "
+            "mode allows and no connector tool ([sessions] default_allow in sidecar.toml changes that)"
+        ),
+    )
+    new.add_argument(
+        "--network",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="whether the session may use tools that need the network: every connector tool, unless its "
+        "connector declares it works offline (default: --network)",
+    )
     new.add_argument("--ttl", type=int, help="lifetime in seconds")
-    new.add_argument("--connector", metavar="ID", help="configure one connector's own route instead of /mcp")
+    new.add_argument(
+        "--connector",
+        metavar="ID",
+        help="configure one connector's own route instead of /mcp; without --allow, grants mcp__<ID>__*",
+    )
     new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
     _command(group, "list", cmd_session_list, "list live sessions", json=True)
     end = _command(group, "end", cmd_session_end, "end a session and abort its in-flight calls", json=True)
