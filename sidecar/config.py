@@ -114,6 +114,21 @@ class ToolSettings(_Frozen):
     auto_defer_above: int = Field(default=64, ge=1, le=10_000)
     """When a session may use more tools than this, all but tool_search/tool_call/list_connectors are deferred."""
 
+    defer_connectors: bool = True
+    """Connector tools are deferred (found with tool_search, run with tool_call) unless their connector
+    declares otherwise (``defer_loading`` in its ``mcp.json`` entry); false lists them directly."""
+
+    direct_connectors: tuple[str, ...] = ()
+    """Connector ids whose tools are listed directly, whatever ``defer_connectors`` and the connector say."""
+
+    @field_validator("direct_connectors")
+    @classmethod
+    def _connector_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for connector_id in value:
+            if not CONNECTOR_ID.fullmatch(connector_id):
+                raise ValueError(f"{quote(connector_id)} is not a connector id")
+        return value
+
     billing_manifest: str | None = None
     """The built-in tools' high-credit-tools.json; unset means the one shipped in the repo's config/."""
 
