@@ -55,7 +55,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     status = _client(paths).call("GET", "/control/status")
-    connectors = ", ".join("{} ({})".format(c["id"], c["state"]) for c in status["connectors"]) or "-"
+    connectors = ", ".join(f"{c['id']} ({_state(c)})" for c in status["connectors"]) or "-"
     text = (
         f"sidecar {status['version']} running (pid {status['pid']})\n"
         f"  url:        {status['url']}\n"
@@ -151,9 +151,22 @@ def cmd_routes_rotate(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def _state(connector: dict[str, Any]) -> str:
+    """A connector's state, and how many sessions have it connected (its processes are per session)."""
+    sessions = connector.get("connected_sessions", 0)
+    if connector["state"] == "trusted" and sessions:
+        return f"trusted, connected in {sessions} session{'s' if sessions != 1 else ''}"
+    return str(connector["state"])
+
+
 def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
     found = _client(paths).call("GET", "/control/connectors")
-    lines = [f"{c['id']:<24} {c['state']:<13} {c['kind']:<8} {c['transport']}" for c in found["connectors"]]
+    lines = [
+        f"{c['id']:<24} {c['state']:<13} {c.get('connected_sessions', 0):>8} {c['kind']:<8} {c['transport']}"
+        for c in found["connectors"]
+    ]
+    if lines:
+        lines.insert(0, f"{'ID':<24} {'STATE':<13} {'SESSIONS':>8} {'KIND':<8} TRANSPORT")
     lines += [f"problem: {p}" for p in found["problems"]]
     _print(args, found, "\n".join(lines) or "no connectors configured")
     return 0
@@ -161,7 +174,14 @@ def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
     c = _client(paths).call("GET", f"/control/connectors/{args.connector_id}")
-    lines = [f"{k:<12} {v}" for k, v in c.items() if k != "last_failure" and v not in (None, [], {})]
+    shown = {k: v for k, v in c.items() if k not in ("last_failure", "billable")}
+    lines = [f"{k:<12} {v}" for k, v in shown.items() if v not in (None, [], {})]
+    billable = c.get("billable") or {}
+    if billable:
+        lines.append("billable     every call asks, in every mode:")
+        lines += [f"  {name} ({t['approvalKind']}, group {t['group']})" for name, t in billable.items()]
+    elif not c.get("billing_problem"):
+        lines.append("billable     none")
     failure = c.get("last_failure")
     if failure:
         # The daemon has escaped and bounded the connector's stderr lines (connectors/failures.py).
