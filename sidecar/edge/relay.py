@@ -219,7 +219,7 @@ class Relay:
         if not isinstance(name, str):
             raise MCPError(code=INVALID_PARAMS, message="tools/call needs a tool name")
         if name in connector.tool_drift:
-            return _error_result(withheld_message(connector, name))
+            return _error_result(ctx, withheld_message(connector, name))
         failure: list[MCPError] = []
 
         async def execute(arguments: dict[str, Any], context: CallContext) -> ToolOutput:
@@ -246,7 +246,7 @@ class Relay:
             raise failure[0]  # the connector's own JSON-RPC error, as it sent it
         if outcome.raw is not None:
             return dict(outcome.raw)
-        return _error_result(outcome.text)
+        return _error_result(ctx, outcome.text)
 
 
 def _origin(ctx: ServerRequestContext[Any, Any], channel: Sink) -> tuple[Sink, RequestId] | None:
@@ -314,5 +314,10 @@ def _preview(raw: Mapping[str, Any]) -> str:
     return str(raw.get("resultType") or "result")
 
 
-def _error_result(text: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "isError": True}
+def _error_result(ctx: ServerRequestContext[Any, Any], text: str) -> dict[str, Any]:
+    """A tool error of sidecar's own (denied, asks for approval, withheld), in the request's era: a
+    2026-07-28 result says it is complete (``resultType``), which the SDK requires of it."""
+    result: dict[str, Any] = {"content": [{"type": "text", "text": text}], "isError": True}
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        result["resultType"] = "complete"
+    return result
