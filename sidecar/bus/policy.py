@@ -78,6 +78,14 @@ class Decision:
     def allowed(self) -> bool:
         return self.verdict is Verdict.ALLOW
 
+    @property
+    def hidden(self) -> bool:
+        """Denied by a rule that makes the tool none of the session's business (it does not exist, or its
+        grant or network leaves it out): every path answers as for a missing tool, so a session cannot
+        learn which connectors exist by probing names. Denied otherwise (HIGH, the mode, unavailable), it
+        is a tool the session may know of but not run now."""
+        return self.verdict is Verdict.DENY and self.rule in _HIDING_RULES
+
 
 # The fixed outcomes are shared constants: list and search decide once per tool in the pool.
 _UNKNOWN: Final = Decision(Verdict.DENY, "exists")
@@ -87,6 +95,7 @@ _NO_NETWORK: Final = Decision(Verdict.DENY, "network")
 _UNAVAILABLE: Final = Decision(Verdict.DENY, "unavailable")
 _MODE: Final = Decision(Verdict.DENY, "mode")
 _ALLOW: Final = Decision(Verdict.ALLOW, "allow")
+_HIDING_RULES: Final = frozenset({"exists", "grant", "network"})
 
 
 def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
