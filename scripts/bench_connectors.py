@@ -127,7 +127,7 @@ class Daemon:
             return data
 
     async def new_session(self, http: aiohttp.ClientSession) -> dict[str, Any]:
-        body = {"workspace": str(self.workspace), "project": "bench", "mode": "bypass"}
+        body = {"workspace": str(self.workspace), "project": "bench", "mode": "bypass", "allow": ["*"]}
         return await self.control(http, "POST", "/control/sessions", body)  # type: ignore[no-any-return]
 
     async def end_session(self, http: aiohttp.ClientSession, session: dict[str, Any]) -> None:
@@ -154,7 +154,8 @@ def sidecar_process(workdir: Path) -> Iterator[Daemon]:
     workspace.mkdir()
     paths.config.mkdir(parents=True, exist_ok=True)
     settings = paths.config / "sidecar.toml"
-    settings.write_text(f"[tools]\nauto_defer_above = {AUTO_DEFER_ABOVE}\n")
+    # Connector tools listed, not deferred: the new-session tools/list row measures listing them.
+    settings.write_text(f"[tools]\nauto_defer_above = {AUTO_DEFER_ABOVE}\ndefer_connectors = false\n")
     settings.chmod(0o600)
     with sidecar_daemon(workdir, home) as (proc, runtime):
         yield Daemon(proc, runtime["url"], runtime["control_token"], paths.config, workspace)

@@ -60,6 +60,7 @@ from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
 from sidecar.connectors.manager import ConnectorManager
 from sidecar.connectors.pool import LaunchContext, PoolLimits
+from sidecar.connectors.proxy import Deferral
 from sidecar.connectors.service import ConnectorService
 from sidecar.connectors.watch import ConfigWatcher
 from sidecar.control import add_control_routes
@@ -224,6 +225,9 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
             start_timeout=limits.start_timeout,
             per_session=limits.session_share,
         ),
+        sessions=sessions,
+        billing=app[BILLING],
+        deferral=Deferral(default=settings.tools.defer_connectors, direct=frozenset(settings.tools.direct_connectors)),
     )
     sessions.subscribe(lambda session, event: service.session_ended(session.id) if event == "ended" else None)
     watched = [paths.config, paths.data / "plugins", paths.data / "connectors", SHIPPED_CONNECTORS]

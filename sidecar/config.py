@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sidecar.errors import ConfigError
+from sidecar.names import BUILTIN_GRANT, CONNECTOR_ID, is_grant_pattern
 from sidecar.origins import Origin, parse_origin
 from sidecar.validation import Loc, quote, render_errors
 
@@ -86,6 +87,20 @@ class SessionSettings(_Frozen):
     max_ttl: int = Field(default=7 * 24 * 3600, ge=60)
     """Longest lifetime a session may be given."""
 
+    default_allow: tuple[str, ...] = Field(default=(BUILTIN_GRANT,), max_length=256)
+    """The grant of a session created without ``--allow``: the built-ins, and no connector tool unless
+    you add its ``mcp__<id>__*`` here (or ``*``)."""
+
+    @field_validator("default_allow")
+    @classmethod
+    def _patterns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in value:
+            if not is_grant_pattern(pattern):
+                raise ValueError(
+                    f"{quote(pattern)} is not a tool pattern: use a tool name, {BUILTIN_GRANT}, mcp__<id>__* or *"
+                )
+        return value
+
 
 class ToolSettings(_Frozen):
     """The tool pool: deferred loading and the billable-tools manifest."""
@@ -98,6 +113,21 @@ class ToolSettings(_Frozen):
 
     auto_defer_above: int = Field(default=64, ge=1, le=10_000)
     """When a session may use more tools than this, all but tool_search/tool_call/list_connectors are deferred."""
+
+    defer_connectors: bool = True
+    """Connector tools are deferred (found with tool_search, run with tool_call) unless their connector
+    declares otherwise (``defer_loading`` in its ``mcp.json`` entry); false lists them directly."""
+
+    direct_connectors: tuple[str, ...] = ()
+    """Connector ids whose tools are listed directly, whatever ``defer_connectors`` and the connector say."""
+
+    @field_validator("direct_connectors")
+    @classmethod
+    def _connector_ids(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for connector_id in value:
+            if not CONNECTOR_ID.fullmatch(connector_id):
+                raise ValueError(f"{quote(connector_id)} is not a connector id")
+        return value
 
     billing_manifest: str | None = None
     """The built-in tools' high-credit-tools.json; unset means the one shipped with sidecar (config/)."""

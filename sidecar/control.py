@@ -18,7 +18,7 @@ from sidecar import __version__
 from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTIME, SESSIONS, SETTINGS
 from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
-from sidecar.names import PROXY_ROUTE, connector_route
+from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
 from sidecar.net.body import read_json
 from sidecar.validation import render_errors
 
@@ -36,11 +36,22 @@ class NewSession(_Body):
     project: str = "default"
     workspace: str
     mode: str = "default"
-    allow: list[str] = Field(default_factory=lambda: ["*"], max_length=256)
+    allow: list[str] | None = Field(default=None, max_length=256)
+    """The grant; unset: ``[sessions] default_allow`` (the built-ins, no connector tool), or with
+    ``connector`` that connector's tools (``mcp__<id>__*``)."""
     network: bool = True
     ttl: int | None = None
     connector: str | None = None
     """Give the configuration for one connector's own route (/mcp/connectors/<id>) instead of /mcp."""
+
+    def grant(self, default: tuple[str, ...]) -> tuple[str, ...]:
+        """What the session may use: the explicit ``allow``, else the connector it is for, else ``default``.
+        A connector's tools are never in the grant unless someone asked for them (contract §2)."""
+        if self.allow is not None:
+            return tuple(self.allow)
+        if self.connector is not None:
+            return (connector_grant(self.connector),)
+        return default
 
 
 class SessionChange(_Body):
@@ -91,11 +102,13 @@ async def stop(request: web.Request) -> web.Response:
 async def create_session(request: web.Request) -> web.Response:
     spec = await _parse(request, NewSession)
     app = request.app
+    if spec.connector is not None and not CONNECTOR_ID.fullmatch(spec.connector):
+        raise NotFound(f"no connector {spec.connector!r}")
     session, envelope = app[SESSIONS].create(
         project_id=spec.project,
         workspace=spec.workspace,
         mode=spec.mode,
-        allow=spec.allow,
+        allow=spec.grant(app[SETTINGS].sessions.default_allow),
         network=spec.network,
         ttl=spec.ttl,
     )

@@ -4,6 +4,9 @@ Pure and dependency-free, so every layer can use the same spelling. A connector 
 name to three things: its route ``connector:<id>`` (token and path ``/mcp/connectors/<id>``), its tools
 ``mcp__<id>__<tool>`` and the grant pattern ``mcp__<id>__*`` that covers all of them. Connector ids have
 no ``__`` and no ``_`` at either end, so ``mcp__<id>__<tool>`` splits one way only.
+
+A session's grant is a list of patterns (``is_grant_pattern``): ``*`` (every tool), ``builtin:*`` (every
+built-in tool), ``mcp__<id>__*`` (every tool of one connector) or an exact tool name.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import re
 from typing import Final
 
 __all__ = [
+    "BUILTIN_GRANT",
     "CONNECTOR_ID",
     "MAX_TOOL_NAME",
     "PROXY_ROUTE",
@@ -21,6 +25,7 @@ __all__ = [
     "connector_route",
     "connector_tool",
     "is_connector_grant",
+    "is_grant_pattern",
     "split_connector_tool",
 ]
 
@@ -35,6 +40,10 @@ CONNECTOR_ID: Final = re.compile(r"[a-z0-9][a-z0-9-]*(?:_[a-z0-9-]+)*")
 
 PROXY_ROUTE: Final = "connector-proxy"
 """The aggregated bus at ``/mcp`` (and the REST facade under ``/api/v1/``)."""
+
+BUILTIN_GRANT: Final = "builtin:*"
+"""The grant pattern that covers every built-in tool and no connector's: what a session gets by default.
+Not a tool name (``:`` and ``*`` are not in ``TOOL_NAME``), so it can never mean one."""
 
 _ROUTE_PREFIX: Final = "connector:"
 _TOOL_PREFIX: Final = "mcp__"
@@ -77,3 +86,8 @@ def is_connector_grant(pattern: str) -> bool:
     """Whether ``pattern`` is ``mcp__<id>__*`` for a well-formed connector id."""
     parts = split_connector_tool(pattern)
     return parts is not None and parts[1] == "*" and CONNECTOR_ID.fullmatch(parts[0]) is not None
+
+
+def is_grant_pattern(pattern: str) -> bool:
+    """Whether ``pattern`` may stand in a session's grant: ``*``, ``builtin:*``, ``mcp__<id>__*`` or a tool name."""
+    return pattern in ("*", BUILTIN_GRANT) or TOOL_NAME.fullmatch(pattern) is not None or is_connector_grant(pattern)

@@ -22,7 +22,7 @@ from sidecar.auth.encoding import b64url_encode
 from sidecar.auth.envelope import EnvelopeKeys, SessionClaims
 from sidecar.auth.inflight import InflightTracker
 from sidecar.errors import EnvelopeRejected, NotFound, RequestRejected
-from sidecar.names import TOOL_NAME, is_connector_grant
+from sidecar.names import BUILTIN_GRANT, is_grant_pattern
 from sidecar.text import preview
 
 __all__ = ["Mode", "Session", "SessionStore", "session_key", "validate_pattern"]
@@ -45,10 +45,12 @@ VERIFIED_CACHE = 4096
 
 
 def validate_pattern(pattern: str) -> str:
-    """Allowed forms: an exact tool name, ``mcp__<server>__*``, or ``*`` (contract §2)."""
-    if pattern == "*" or TOOL_NAME.fullmatch(pattern) or is_connector_grant(pattern):
+    """Allowed forms: an exact tool name, ``builtin:*``, ``mcp__<server>__*``, or ``*`` (contract §2)."""
+    if is_grant_pattern(pattern):
         return pattern
-    raise RequestRejected(f"invalid tool pattern {preview(pattern, 80)}: use a tool name, mcp__<server>__* or *")
+    raise RequestRejected(
+        f"invalid tool pattern {preview(pattern, 80)}: use a tool name, {BUILTIN_GRANT}, mcp__<server>__* or *"
+    )
 
 
 def session_key(session_id: str) -> tuple[str, str]:
@@ -131,11 +133,12 @@ class SessionStore:
         project_id: str,
         workspace: str,
         mode: str = Mode.DEFAULT.value,
-        allow: Iterable[str] = ("*",),
+        allow: Iterable[str] = (BUILTIN_GRANT,),
         network: bool = True,
         ttl: int | None = None,
     ) -> tuple[Session, str]:
-        """Create a session and return it with its envelope."""
+        """Create a session and return it with its envelope. Unless ``allow`` says otherwise, it may use
+        the built-ins and no connector tool (contract §2: a connector needs an explicit grant)."""
         if not _PROJECT.fullmatch(project_id):
             raise RequestRejected("project must be 1-128 characters of letters, digits and ._:/@-")
         ttl = self._default_ttl if ttl is None else ttl

@@ -1,9 +1,10 @@
 """The billing gate: does calling this tool cost money, so that a human must approve it (contract §6)?
 
 A manifest ``high-credit-tools.json`` (``{"version": 1, "tools": {name: {"approvalKind", "group"}}}``)
-marks the tools that cost money. Several manifests may cover one scope (``builtin``, later
-``connector:<id>`` / ``plugin:<name>``): the shipped one and the user's. A tool is billable when any of
-them lists it; a scope that no manifest covers is free.
+marks the tools that cost money. Several manifests may cover one scope: ``builtin`` has the shipped one
+and the user's; ``connector:<id>`` has its package's or plugin's own, which names the connector's tools
+as the connector does (``prefix`` makes them the pool's ``mcp__<id>__<tool>``). A tool is billable when
+any of them lists it; a scope that no manifest covers is free.
 
 The gate fails closed. A required manifest that is missing, any manifest that is unreadable, unsafe
 (``StorageError``: a symlink, someone else's file, group/world-writable), not JSON, or not the schema —
@@ -41,6 +42,7 @@ __all__ = [
     "GateVerdict",
     "ManifestSource",
     "load_manifest",
+    "read_source",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,10 +112,12 @@ def _closed(reason: str) -> GateVerdict:
 @dataclass(frozen=True, slots=True)
 class ManifestSource:
     scope: str
-    """Which tools it covers: ``builtin``, or ``connector:<id>`` / ``plugin:<name>``."""
+    """Which tools it covers: ``builtin``, or ``connector:<id>`` (a package's or a plugin's server)."""
     path: Path
     required: bool
     """Required: missing fails the whole scope closed. Optional: missing means no entries."""
+    prefix: str = ""
+    """What makes the manifest's names the pool's: ``mcp__<id>__`` for a connector's, none for built-ins."""
 
 
 class _Unexpected(Exception):
@@ -189,6 +193,16 @@ class BillingGate:
             return
         self._states.append(_SourceState(source))
 
+    def cover(self, scope: str, sources: Sequence[ManifestSource]) -> None:
+        """Make ``sources`` the manifests of ``scope``, in place of any it had (a connector trusted again,
+        withdrawn, or moved): a manifest that no longer applies must not make its old scope ask."""
+        if any(source.scope != scope for source in sources):
+            raise ValueError(f"every source must cover {scope!r}")
+        kept = {state.source: state for state in self._states if state.source.scope == scope}
+        self._states = [state for state in self._states if state.source.scope != scope]
+        for source in dict.fromkeys(sources):
+            self._states.append(kept.get(source) or _SourceState(source))
+
     def check(self, *, scope: str, tool: str) -> GateVerdict:
         """The verdict for one call. Never raises: any failure is the fail-closed verdict."""
         try:
@@ -227,7 +241,8 @@ class BillingGate:
         if broken:
             return _closed("; ".join(broken))
         for state in states:
-            entry = state.tools.get(tool)
+            prefix = state.source.prefix
+            entry = state.tools.get(tool[len(prefix) :]) if tool.startswith(prefix) else None
             if entry is not None:
                 # With several manifests listing one tool, the first source added decides kind and group.
                 return GateVerdict(
@@ -301,3 +316,14 @@ class BillingGate:
         state.tools = tools
         state.problem = problem
         state.checked_at = now
+
+
+def read_source(source: ManifestSource) -> tuple[Mapping[str, BillableTool], str | None]:
+    """One manifest read now, as the gate would read it: its tools by the manifest's own names, and its
+    problem (``None`` when sound). What ``connectors show`` reports, trusted or not; never raises."""
+    missing = not os.path.lexists(source.path)
+    try:
+        return BillingGate._load(source, missing=missing)
+    except _Unexpected as exc:
+        logger.warning("billing manifest %s could not be checked", source.path, exc_info=exc.__cause__)
+        return {}, f"{source.path}: could not be checked ({type(exc.__cause__).__name__}); see the daemon log"

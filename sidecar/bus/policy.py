@@ -8,6 +8,14 @@ Order: the tool exists → HIGH is never exposed → the session's grant covers 
 needs it → its availability predicate → the mode permits its risk → the billable gate (asks in every
 mode, ``bypass`` included) → MEDIUM asks in ``default`` mode → allow. Listing and search never ask: a
 tool that would ask at call time is visible, and the question comes when it is called.
+
+The grant (``names.is_grant_pattern``): ``*`` covers every tool, ``builtin:*`` every built-in,
+``mcp__<id>__*`` every tool of one connector, a name that one tool. A connector's tools are covered only
+by ``*`` or a pattern naming that connector, so a session given the default grant (``builtin:*``)
+never gains a connector's tools, whenever the connector is trusted. Connector tools need the network
+unless their connector declares it works offline (``ToolDef.needs_network``); the same two rules decide
+whether a session may use a connector at all (``reaches_connector``: its own route, ``list_connectors``)
+or as a whole (``grants_connector``: its resources and prompts).
 """
 
 from __future__ import annotations
@@ -18,9 +26,18 @@ from typing import Final
 
 from sidecar.auth.sessions import Mode, Session
 from sidecar.bus.registry import Risk, ToolDef
-from sidecar.names import connector_grant
+from sidecar.names import BUILTIN_GRANT, connector_grant, split_connector_tool
 
-__all__ = ["Billing", "Decision", "Phase", "Verdict", "decide", "grants_connector", "pattern_allows"]
+__all__ = [
+    "Billing",
+    "Decision",
+    "Phase",
+    "Verdict",
+    "decide",
+    "grants_connector",
+    "pattern_allows",
+    "reaches_connector",
+]
 
 
 class Phase(enum.StrEnum):
@@ -61,6 +78,14 @@ class Decision:
     def allowed(self) -> bool:
         return self.verdict is Verdict.ALLOW
 
+    @property
+    def hidden(self) -> bool:
+        """Denied by a rule that makes the tool none of the session's business (it does not exist, or its
+        grant or network leaves it out): every path answers as for a missing tool, so a session cannot
+        learn which connectors exist by probing names. Denied otherwise (HIGH, the mode, unavailable), it
+        is a tool the session may know of but not run now."""
+        return self.verdict is Verdict.DENY and self.rule in _HIDING_RULES
+
 
 # The fixed outcomes are shared constants: list and search decide once per tool in the pool.
 _UNKNOWN: Final = Decision(Verdict.DENY, "exists")
@@ -70,19 +95,36 @@ _NO_NETWORK: Final = Decision(Verdict.DENY, "network")
 _UNAVAILABLE: Final = Decision(Verdict.DENY, "unavailable")
 _MODE: Final = Decision(Verdict.DENY, "mode")
 _ALLOW: Final = Decision(Verdict.ALLOW, "allow")
+_HIDING_RULES: Final = frozenset({"exists", "grant", "network"})
 
 
 def pattern_allows(patterns: tuple[str, ...], tool: ToolDef) -> bool:
-    """``*``, an exact name, or ``mcp__<server>__*`` for a connector's tools."""
+    """``*``, an exact name, ``builtin:*`` for the built-ins, or ``mcp__<server>__*`` for a connector's tools."""
     if "*" in patterns or tool.name in patterns:
         return True
-    return tool.source != "builtin" and connector_grant(tool.server) in patterns
+    if tool.source == "builtin":
+        return BUILTIN_GRANT in patterns
+    return connector_grant(tool.server) in patterns
 
 
-def grants_connector(session: Session, connector_id: str) -> bool:
-    """Whether the session's grant covers a connector whole (``*`` or ``mcp__<id>__*``): what reading its
-    resources and prompts, and reaching its own route beyond single tools, require."""
+def grants_connector(session: Session, connector_id: str, *, needs_network: bool) -> bool:
+    """Whether the session may use a connector whole: its grant covers it (``*`` or ``mcp__<id>__*``) and,
+    unless the connector works offline, the session has the network. What reading its resources and
+    prompts, and reaching its own route beyond single tools, require."""
+    if needs_network and not session.network:
+        return False
     return "*" in session.allow or connector_grant(connector_id) in session.allow
+
+
+def reaches_connector(session: Session, connector_id: str, *, needs_network: bool) -> bool:
+    """Whether the session may use any of a connector: its grant covers the connector or names one of its
+    tools, and it has the network unless the connector works offline. A session that may not is never
+    told the connector exists (``list_connectors``, the deferred-tools hint) nor served on its route."""
+    if grants_connector(session, connector_id, needs_network=needs_network):
+        return True
+    if needs_network and not session.network:
+        return False
+    return any((parts := split_connector_tool(p)) is not None and parts[0] == connector_id for p in session.allow)
 
 
 def _available(tool: ToolDef, session: Session) -> bool:

@@ -44,6 +44,8 @@ NOT_AVAILABLE: Final = "tool not found or not available in this session"
 REVOKED: Final = "call aborted: the session or route was revoked"
 META_TOOLS: Final = frozenset({"tool_search", "tool_call", "list_connectors"})
 """Built-ins that are never deferred: they are how deferred tools are reached."""
+_SEARCH_TOOLS: Final = frozenset({"tool_search", "tool_call"})
+"""Without both, a session cannot reach a deferred tool, so nothing is deferred for it."""
 
 
 class BillingCheck(Protocol):
@@ -164,10 +166,23 @@ class ToolService:
         visible = (t for t in self._registry if decide(session, t, Phase.LIST).verdict is not Verdict.DENY)
         return sum(1 for _ in itertools.islice(visible, cap))
 
+    def partition(self, session: Session) -> tuple[list[ToolDef], list[ToolDef]]:
+        """(listed, deferred): what ``tools/list`` shows, and the rest of what the session may see, which
+        it finds with ``tool_search``. A session that may not use both ``tool_search`` and ``tool_call``
+        defers nothing: it could reach none of it (``--allow mcp__<id>__*`` alone lists that connector)."""
+        pool = self.visible(session)
+        meta = {t.name for t in pool if t.source == "builtin" and t.name in _SEARCH_TOOLS}
+        if meta != _SEARCH_TOOLS:
+            return pool, []
+        listed: list[ToolDef] = []
+        deferred: list[ToolDef] = []
+        for tool in pool:
+            (deferred if self._defer.deferred(tool, len(pool)) else listed).append(tool)
+        return listed, deferred
+
     def listed(self, session: Session) -> list[ToolDef]:
         """What ``tools/list`` shows: the visible tools that are not deferred."""
-        pool = self.visible(session)
-        return [t for t in pool if not self._defer.deferred(t, len(pool))]
+        return self.partition(session)[0]
 
     def lookup(self, session: Session, name: str, phase: Phase = Phase.LIST) -> ToolDef | None:
         tool = self._registry.get(name)

@@ -56,7 +56,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     status = _client(paths).call("GET", "/control/status")
-    connectors = ", ".join("{} ({})".format(c["id"], c["state"]) for c in status["connectors"]) or "-"
+    connectors = ", ".join(f"{c['id']} ({_state(c)})" for c in status["connectors"]) or "-"
     text = (
         f"sidecar {status['version']} running (pid {status['pid']})\n"
         f"  url:        {status['url']}\n"
@@ -97,9 +97,10 @@ def cmd_session_new(args: argparse.Namespace, paths: Paths) -> int:
         "project": args.project,
         "workspace": str(Path(args.workspace or os.getcwd()).absolute()),
         "mode": args.mode,
-        "allow": args.allow or ["*"],
         "network": args.network,
     }
+    if args.allow is not None:
+        body["allow"] = args.allow  # else the daemon's [sessions] default_allow: no connector tool
     if args.ttl is not None:
         body["ttl"] = args.ttl
     if args.connector is not None:
@@ -151,9 +152,22 @@ def cmd_routes_rotate(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def _state(connector: dict[str, Any]) -> str:
+    """A connector's state, and how many sessions have it connected (its processes are per session)."""
+    sessions = connector.get("connected_sessions", 0)
+    if connector["state"] == "trusted" and sessions:
+        return f"trusted, connected in {sessions} session{'s' if sessions != 1 else ''}"
+    return str(connector["state"])
+
+
 def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
     found = _client(paths).call("GET", "/control/connectors")
-    lines = [f"{c['id']:<24} {c['state']:<13} {c['kind']:<8} {c['transport']}" for c in found["connectors"]]
+    lines = [
+        f"{c['id']:<24} {c['state']:<13} {c.get('connected_sessions', 0):>8} {c['kind']:<8} {c['transport']}"
+        for c in found["connectors"]
+    ]
+    if lines:
+        lines.insert(0, f"{'ID':<24} {'STATE':<13} {'SESSIONS':>8} {'KIND':<8} TRANSPORT")
     lines += [f"problem: {p}" for p in found["problems"]]
     _print(args, found, "\n".join(lines) or "no connectors configured")
     return 0
@@ -161,7 +175,14 @@ def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
     c = _client(paths).call("GET", f"/control/connectors/{args.connector_id}")
-    lines = [f"{k:<12} {v}" for k, v in c.items() if k != "last_failure" and v not in (None, [], {})]
+    shown = {k: v for k, v in c.items() if k not in ("last_failure", "billable")}
+    lines = [f"{k:<12} {v}" for k, v in shown.items() if v not in (None, [], {})]
+    billable = c.get("billable") or {}
+    if billable:
+        lines.append("billable     every call asks, in every mode:")
+        lines += [f"  {name} ({t['approvalKind']}, group {t['group']})" for name, t in billable.items()]
+    elif not c.get("billing_problem"):
+        lines.append("billable     none")
     failure = c.get("last_failure")
     if failure:
         # The daemon has escaped and bounded the connector's stderr lines (connectors/failures.py).
@@ -295,10 +316,29 @@ def _session_commands(sub: Any) -> None:
     new.add_argument("--project", default="default")
     new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
     new.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
-    new.add_argument("--allow", action="append", metavar="PATTERN", help="tool name, mcp__<server>__* or *")
-    new.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
+    new.add_argument(
+        "--allow",
+        action="append",
+        metavar="PATTERN",
+        help=(
+            "grant a tool name, builtin:* (every built-in), mcp__<id>__* (every tool of connector <id>) or * "
+            "(everything, connectors trusted later too); repeatable. Without --allow: the built-ins the "
+            "mode allows and no connector tool ([sessions] default_allow in sidecar.toml changes that)"
+        ),
+    )
+    new.add_argument(
+        "--network",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="whether the session may use tools that need the network: every connector tool, unless its "
+        "connector declares it works offline (default: --network)",
+    )
     new.add_argument("--ttl", type=int, help="lifetime in seconds")
-    new.add_argument("--connector", metavar="ID", help="configure one connector's own route instead of /mcp")
+    new.add_argument(
+        "--connector",
+        metavar="ID",
+        help="configure one connector's own route instead of /mcp; without --allow, grants mcp__<ID>__*",
+    )
     new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
     _command(group, "list", cmd_session_list, "list live sessions", json=True)
     end = _command(group, "end", cmd_session_end, "end a session and abort its in-flight calls", json=True)

@@ -5,8 +5,9 @@ prompt ``simple`` as ``mcp__<id>__simple``, so nothing from two connectors can c
 can be routed back. What a connector offers is learned with its tools at trust time and cached with
 them; reading and getting go to the session's own process of that connector.
 
-Who sees them: a session whose grant covers the whole connector (``*`` or ``mcp__<id>__*``), while the
-connector is trusted. Reading a resource or getting a prompt has no side effects, so every mode may.
+Who sees them: a session whose grant covers the whole connector (``*`` or ``mcp__<id>__*``) and that has
+the network unless the connector works offline (``policy.grants_connector``), while it is trusted.
+Reading a resource or getting a prompt has no side effects, so every mode may.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class ConnectorCatalog:
         self._context = context
 
     def _visible(self, session: Session) -> list[Connector]:
-        return [c for c in self._manager.trusted() if grants_connector(session, c.id)]
+        return [c for c in self._manager.trusted() if grants_connector(session, c.id, needs_network=c.spec.network)]
 
     def resources(self, session: Session) -> list[types.Resource]:
         found = []

@@ -3,11 +3,19 @@
 Sources (contract §5): packages in the repo's ``connectors/`` and ``<data>/connectors/``, the user's
 ``<config>/mcp.json``, plugins in ``<data>/plugins/``. Each is keyed ``<id>::<sha256>`` over its launch
 config (and package files); trust lives in ``<state>/approvals.json``. Nothing untrusted is spawned or
-listed, and a config whose hash changed since it was trusted is ``disconnected`` until trusted again.
+listed, and a config whose hash changed since it was trusted is ``changed`` until trusted again.
 
-Lifecycle (``ConnectorState``): ``configured`` (found, never trusted) → ``disconnected`` (trusted once,
-but its config or package changed) → ``trusted`` → ``connected`` (a process of it is running), plus
-``error`` and ``unauthorized`` (OAuth connectors without credentials).
+The lifecycle's words (``ConnectorState``; README "Connector states"). A connector as a whole is:
+
+- ``configured``: written in a config (a package, ``mcp.json``, a plugin), not trusted: nothing runs;
+- ``trusted``: the user trusted it as it is now; a session's process starts on its first use;
+- ``changed``: trusted once, but its config or files changed since: it needs trust again;
+- ``unauthorized``: it needs sign-in (OAuth connectors; not built yet);
+- ``error``: with the reason: it would not start when trusted (it stays so until trusted again).
+
+Processes are per session, so ``connected`` and ``disconnected`` describe one session's use of a trusted
+connector: ``connected`` while its process is up (initialized, its tools known), ``disconnected`` while
+it has none (not started yet, ended, or crashed and restarting), ``error`` after a crash loop.
 """
 
 from __future__ import annotations
@@ -32,12 +40,16 @@ logger = logging.getLogger(__name__)
 
 
 class ConnectorState(enum.StrEnum):
+    """A connector's state (the first five), or a trusted connector's in one session (the last two and
+    ``error``); see the module docstring."""
+
     CONFIGURED = "configured"
-    DISCONNECTED = "disconnected"
     TRUSTED = "trusted"
-    CONNECTED = "connected"
-    ERROR = "error"
+    CHANGED = "changed"
     UNAUTHORIZED = "unauthorized"
+    ERROR = "error"
+    DISCONNECTED = "disconnected"
+    CONNECTED = "connected"
 
 
 @dataclass(slots=True)
@@ -58,17 +70,18 @@ class Connector:
     def trusted(self) -> bool:
         return self.state is ConnectorState.TRUSTED
 
-    def public(self, *, running: int = 0, detail: bool = False) -> dict[str, object]:
-        """What the control API shows; ``running``: its processes alive now, in all sessions (a trusted
-        connector with one is ``connected``)."""
+    def public(self, *, running: int = 0, connected: int = 0, detail: bool = False) -> dict[str, object]:
+        """What the control API shows: ``state`` is the connector's own; ``connected`` counts the sessions
+        that have it connected now, ``running`` its processes and relayed connections alive now."""
         launch = self.spec.launch
-        state = ConnectorState.CONNECTED if self.state is ConnectorState.TRUSTED and running else self.state
         body: dict[str, object] = {
             "id": self.id,
             "name": self.spec.name,
             "kind": self.spec.kind,
-            "state": state.value,
+            "state": self.state.value,
+            "connected_sessions": connected,
             "transport": launch.transport,
+            "network": self.spec.network,
             "error": self.error,
             "config_problem": self.config_problem,
             "running": running,
@@ -94,7 +107,8 @@ class Connector:
 
 
 ChangeListener = Callable[[Connector, str], None]
-"""Called with (connector, event): ``trusted``, ``untrusted``, ``changed`` (its trust key moved)."""
+"""Called with (connector, event): ``trusted``, ``untrusted``, ``changed`` (its trust key moved), or
+``updated`` (still trusted, but what it declares for sidecar changed: its tools' deferral)."""
 
 
 class ConnectorManager:
@@ -135,26 +149,17 @@ class ConnectorManager:
         )
         previous = self._connectors
         fresh: dict[str, Connector] = {}
-        changed: list[Connector] = []
+        events: list[tuple[Connector, str]] = []
         for spec in specs:
             try:
                 key = trust_key(spec)
             except SidecarError as exc:
                 problems.append(ManifestProblem(spec.origin, str(exc)))
                 continue
-            old = previous.get(spec.id)
-            if old is not None and old.key == key and old.spec == spec:
-                # Unchanged: the same object, so what others hold (its tool drift) stays current.
-                old.state, old.config_problem = self._state_for(spec.id, key), None
-                fresh[spec.id] = old
-                continue
-            connector = Connector(spec=spec, key=key, state=self._state_for(spec.id, key))
-            if old is not None:
-                connector.tool_drift = old.tool_drift if old.key == key else {}
-                if old.key != key and old.trusted:
-                    logger.warning("connector %s changed since it was trusted; it needs trust again", spec.id)
-                    changed.append(connector)
+            connector, event = self._reread(spec, key, previous.get(spec.id))
             fresh[spec.id] = connector
+            if event is not None:
+                events.append((connector, event))
         for gone in previous.keys() - fresh.keys():
             old = previous[gone]
             problem = _problem_of(old.spec, problems)
@@ -162,14 +167,33 @@ class ConnectorManager:
                 old.config_problem = problem.message
                 fresh[gone] = old
             elif old.trusted:
-                changed.append(old)
+                events.append((old, "changed"))
         for problem in problems:
             if problem not in self.problems:
                 logger.warning("connector manifest refused: %s", problem)
         self._connectors = fresh
         self.problems = problems
-        for connector in changed:
-            self._emit(connector, "changed")
+        for connector, event in events:
+            self._emit(connector, event)
+
+    def _reread(self, spec: ConnectorSpec, key: str, old: Connector | None) -> tuple[Connector, str | None]:
+        """The connector ``spec`` is now, and the event it makes: ``changed`` (its key moved since it was
+        trusted), ``updated`` (same key, trusted, another spec) or none."""
+        state = self._state_for(spec.id, key)
+        if old is None or old.key != key:
+            connector = Connector(spec=spec, key=key, state=state)
+            if old is not None and old.trusted:
+                logger.warning("connector %s changed since it was trusted; it needs trust again", spec.id)
+                return connector, "changed"
+            return connector, None
+        if old.state is ConnectorState.ERROR and state is ConnectorState.TRUSTED:
+            state = ConnectorState.ERROR  # it would not start: so it stays, with its reason, until trusted again
+        if old.spec == spec:
+            # Unchanged: the same object, so what others hold (its tool drift) stays current.
+            old.state, old.config_problem = state, None
+            return old, None
+        connector = Connector(spec=spec, key=key, state=state, error=old.error, tool_drift=old.tool_drift)
+        return connector, "updated" if connector.trusted else None
 
     def admit(self, spec: ConnectorSpec) -> None:
         """Refuse to start ``spec`` unless it is still exactly what the user trusted.
@@ -189,7 +213,7 @@ class ConnectorManager:
         if self._trust.is_trusted(key):
             return ConnectorState.TRUSTED
         if connector_id in self._trust.names():
-            return ConnectorState.DISCONNECTED
+            return ConnectorState.CHANGED
         return ConnectorState.CONFIGURED
 
     def list(self) -> list[Connector]:
@@ -220,7 +244,7 @@ class ConnectorManager:
         connector = self.get(connector_id)
         self._trust.untrust(connector.id)
         was_trusted = connector.trusted
-        connector.state = ConnectorState.CONFIGURED
+        connector.state, connector.error = ConnectorState.CONFIGURED, None
         if was_trusted:
             self._emit(connector, "untrusted")
         return connector

@@ -30,6 +30,7 @@ __all__ = [
     "Command",
     "Context",
     "Cwd",
+    "DeferLoading",
     "EnvName",
     "Headers",
     "HttpOnly",
@@ -219,6 +220,18 @@ def _tool_name(tool: str, info: ValidationInfo) -> str:
     return tool
 
 
+def _own_tool_name(tool: str) -> str:
+    if not TOOL_NAME.fullmatch(tool):
+        raise ValueError(f"is not a valid tool name (1-{MAX_TOOL_NAME} of A-Z a-z 0-9 _ . -)")
+    return tool
+
+
+def _distinct(tools: list[str]) -> list[str]:
+    if len(set(tools)) != len(tools):
+        raise ValueError("names a tool twice")
+    return tools
+
+
 def _server_name(name: str, info: ValidationInfo) -> str:
     """A user's server name is its id; a plugin's server id is ``<plugin>-<server>``; a package's is free."""
     context = context_of(info)
@@ -304,6 +317,9 @@ Headers = Annotated[dict[HeaderName, HeaderValue], AfterValidator(_one_case)]
 ScopeToken = Annotated[str, AfterValidator(_scope_token)]
 ToolName = Annotated[str, AfterValidator(_tool_name)]
 """A key of ``connector.json``'s ``tools``; reads the ``id`` validated before it."""
+DeferLoading = bool | Annotated[list[Annotated[str, AfterValidator(_own_tool_name)]], AfterValidator(_distinct)]
+"""``defer_loading``: ``true`` defers every tool of the server, ``false`` none, a list those tools (the
+server's own names); the others are listed directly."""
 ServerName = Annotated[str, AfterValidator(_server_name)]
 """A key of ``mcpServers``: the id of a user's server, the suffix of a plugin's, free in a package."""
 PackageId = Annotated[Text, AfterValidator(_package_id)]

@@ -27,6 +27,7 @@ from sidecar.connectors.manifest_fields import (
     Command,
     Context,
     Cwd,
+    DeferLoading,
     EnvName,
     Headers,
     HttpOnly,
@@ -70,7 +71,7 @@ class _Model(BaseModel):
 
 
 class _Entry(_Model):
-    """Keys agent hosts add to an entry; accepted and ignored, but for ``disabled``."""
+    """Keys agent hosts add to an entry (accepted and ignored, but for ``disabled``), and sidecar's own."""
 
     disabled: bool = False
     """``true`` skips the entry; a package's one server cannot be disabled."""
@@ -78,12 +79,25 @@ class _Entry(_Model):
     always_allow: Any = Field(default=None, alias="alwaysAllow")
     timeout: Any = None
     description: Any = None
+    defer_loading: DeferLoading | None = None
+    """Which of the server's tools stay out of ``tools/list`` (found with ``tool_search``): ``true`` all,
+    ``false`` none, or a list of its own tool names; unset, ``[tools] defer_connectors`` decides."""
+    sidecar_network: bool | None = Field(default=None, alias="sidecarNetwork")
+    """``false``: the server works offline, so sessions without the network may use it (default: it needs
+    the network). A package declares this in ``connector.json`` (``network``) instead."""
 
     @field_validator("disabled")
     @classmethod
     def _package_runs(cls, value: bool, info: ValidationInfo) -> bool:
         if value and context_of(info).kind == "package":
             raise ValueError("a package's server cannot be disabled; untrust or remove the package")
+        return value
+
+    @field_validator("sidecar_network")
+    @classmethod
+    def _package_declares_network_in_its_connector_file(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value is not None and context_of(info).kind == "package":
+            raise ValueError('a package declares this in connector.json ("network": false)')
         return value
 
 
@@ -173,6 +187,8 @@ class ServersFile(_Model):
     schema_: Any = Field(default=None, alias="$schema")
     mcp_servers: dict[str, Any] = Field(default_factory=dict, alias="mcpServers")
     """Each entry is validated on its own (``validate_entry``)."""
+    defer_loading: DeferLoading | None = None
+    """The ``defer_loading`` of every entry in the file that does not say its own."""
 
 
 class PackageServersFile(ServersFile):
@@ -201,6 +217,8 @@ class ConnectorFile(_Model):
     source: Text | None = None
     tools: dict[ToolName, ToolEntry] = Field(default_factory=dict)
     """Tool name → risk tier; ``mcp__<id>__<tool>`` must fit in 64 characters."""
+    network: bool = True
+    """``false``: the connector works offline, so sessions without the network may use it."""
 
 
 class OAuthClientFile(_Model):
@@ -240,6 +258,8 @@ class PluginFile(_Model):
     description: Prose = ""
     mcp_servers: dict[str, Any] = Field(default_factory=dict, alias="mcpServers")
     """Each entry is validated on its own (``validate_entry``), like a ``.mcp.json``'s."""
+    defer_loading: DeferLoading | None = None
+    """The ``defer_loading`` of every entry here that does not say its own."""
     author: Any = None
     homepage: Any = None
     repository: Any = None

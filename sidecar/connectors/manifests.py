@@ -7,7 +7,10 @@ Sources, in the order that settles id collisions:
 3. plugins: ``<data>/plugins/<name>/plugin.json`` and/or its ``.mcp.json``; ids are ``<plugin>-<server>``.
 
 An entry has the shape Claude Code and Cursor write: stdio ``{"command", "args", "env", "cwd", "type"?}`` or
-Streamable HTTP ``{"type": "http", "url", "headers"}``; ``"disabled": true`` skips it.
+Streamable HTTP ``{"type": "http", "url", "headers"}``; ``"disabled": true`` skips it. Two keys are sidecar's
+own: ``"sidecarNetwork": false`` (the server works offline; a package says ``"network": false`` in its
+``connector.json``) and ``"defer_loading"`` (``true``, ``false`` or a list of its tool names; also allowed
+at the top of a file, for every entry that does not say its own).
 
 Every problem names the file and the field, one line each (``sidecar.validation``):
 ``<path>: <field>: <what>``, or ``<path>: <what>`` for the whole file. A broken entry is one problem and a
@@ -145,6 +148,16 @@ def _validate_salvaging(
         return kept, problem, wrong
 
 
+def _deferral(declared: bool | list[str] | None) -> bool | frozenset[str] | None:
+    return frozenset(declared) if isinstance(declared, list) else declared
+
+
+def _entry_facts(entry: StdioEntry | HttpEntry, file_default: bool | list[str] | None) -> dict[str, Any]:
+    """What an entry declares for sidecar itself: network and deferral (the entry's own, else its file's)."""
+    declared = entry.defer_loading if entry.defer_loading is not None else file_default
+    return {"network": entry.sidecar_network is not False, "defer_loading": _deferral(declared)}
+
+
 def _launch(entry: StdioEntry | HttpEntry) -> LaunchConfig:
     if isinstance(entry, HttpEntry):
         headers = MappingProxyType(dict(entry.headers))
@@ -153,10 +166,10 @@ def _launch(entry: StdioEntry | HttpEntry) -> LaunchConfig:
     return LaunchConfig("stdio", entry.command, tuple(entry.args), env, entry.cwd, None, MappingProxyType({}))
 
 
-def _entry_launch(path: Path, name: str, raw: object, context: Context, lines: list[str]) -> LaunchConfig | None:
+def _entry(path: Path, name: str, raw: object, context: Context, lines: list[str]) -> StdioEntry | HttpEntry | None:
     """Validate one ``mcpServers`` entry (and its name); on failure add its problem lines and return ``None``."""
     try:
-        return _launch(validate_entry(name, raw, context))
+        return validate_entry(name, raw, context)
     except ValidationError as exc:
         lines.extend(error_lines(exc, source=str(path), prefix=_SERVERS))
         return None
@@ -177,10 +190,11 @@ def _package(directory: Path) -> ConnectorSpec:
     connector = _validate(ConnectorFile, origin, data, context)
     launch_path = directory / LAUNCH_FILE
     data = _read_required(launch_path, "a connector package needs mcp.json with its one server")
-    ((server, raw),) = _validate(PackageServersFile, launch_path, data, context).mcp_servers.items()
+    servers = _validate(PackageServersFile, launch_path, data, context)
+    ((server, raw),) = servers.mcp_servers.items()
     lines: list[str] = []
-    launch = _entry_launch(launch_path, server, raw, context, lines)
-    if launch is None:
+    entry = _entry(launch_path, server, raw, context, lines)
+    if entry is None:
         raise _Invalid(_problem(launch_path, lines))
     oauth = None
     oauth_path = directory / OAUTH_FILE
@@ -195,12 +209,14 @@ def _package(directory: Path) -> ConnectorSpec:
         description=connector.description,
         version=connector.version,
         examples=tuple(connector.examples),
-        launch=launch,
+        launch=_launch(entry),
         root=directory,
         origin=origin,
-        tool_risks=MappingProxyType({tool: entry.risk for tool, entry in connector.tools.items()}),
+        tool_risks=MappingProxyType({tool: tier.risk for tool, tier in connector.tools.items()}),
         oauth=oauth,
         billing_manifest=_billing(directory),
+        network=connector.network,
+        defer_loading=_deferral(entry.defer_loading if entry.defer_loading is not None else servers.defer_loading),
     )
 
 
@@ -216,7 +232,14 @@ def load_package(directory: Path) -> ConnectorSpec:
 
 
 def _server_spec(
-    spec_id: str, kind: Literal["user", "plugin"], name: str, launch: LaunchConfig, origin: Path, **extra: Any
+    spec_id: str,
+    kind: Literal["user", "plugin"],
+    name: str,
+    entry: StdioEntry | HttpEntry,
+    origin: Path,
+    *,
+    file_default: bool | list[str] | None,
+    **extra: Any,
 ) -> ConnectorSpec:
     """A spec for a server without a package: no tool risks (defaults apply), no OAuth client."""
     fields: dict[str, Any] = {"description": "", "version": None, "root": None, "billing_manifest": None}
@@ -226,11 +249,12 @@ def _server_spec(
         kind=kind,
         name=name,
         examples=(),
-        launch=launch,
+        launch=_launch(entry),
         origin=origin,
         tool_risks=MappingProxyType({}),
         oauth=None,
         **fields,
+        **_entry_facts(entry, file_default),
     )
 
 
@@ -246,26 +270,32 @@ def load_user_servers(path: Path) -> tuple[list[ConnectorSpec], list[ManifestPro
     servers, top, _ = _validate_salvaging(ServersFile, path, data, context)
     specs: list[ConnectorSpec] = []
     problems = [top] if top is not None else []
-    for name, raw in servers.mcp_servers.items() if servers is not None else ():
+    if servers is None:
+        return specs, problems
+    for name, raw in servers.mcp_servers.items():
         if is_disabled(raw):
             continue
         lines: list[str] = []
-        if (launch := _entry_launch(path, name, raw, context, lines)) is not None:
-            specs.append(_server_spec(name, "user", name, launch, path))
+        if (entry := _entry(path, name, raw, context, lines)) is not None:
+            specs.append(_server_spec(name, "user", name, entry, path, file_default=servers.defer_loading))
         else:
             problems.append(_problem(path, lines))
     return specs, problems
 
 
+_PluginSource = tuple[Path, Mapping[str, Any], bool | list[str] | None]
+"""A plugin file: where it is, its servers, and its file-wide ``defer_loading``."""
+
+
 def _plugin_sources(
     directory: Path, context: Context, problems: list[ManifestProblem]
-) -> tuple[list[tuple[Path, Mapping[str, Any]]], PluginFile | None]:
+) -> tuple[list[_PluginSource], PluginFile | None]:
     """Each file's servers, ``plugin.json`` first, and ``plugin.json`` itself when there is one.
 
     ``_Invalid`` when ``plugin.json`` refuses the whole plugin: unreadable, not an object, or naming another
     plugin. Any other problem of either file goes to ``problems``; what is sound in the file still counts.
     """
-    sources: list[tuple[Path, Mapping[str, Any]]] = []
+    sources: list[_PluginSource] = []
     manifest: PluginFile | None = None
     manifest_path = directory / PLUGIN_FILE
     try:
@@ -281,7 +311,7 @@ def _plugin_sources(
             problems.append(problem)
         if manifest is None:  # refused above with its problem; no assert: the daemon runs with -OO
             raise _Invalid(ManifestProblem(manifest_path, f"{manifest_path}: not a plugin manifest"))
-        sources.append((manifest_path, manifest.mcp_servers))
+        sources.append((manifest_path, manifest.mcp_servers, manifest.defer_loading))
     launch_path = directory / PLUGIN_LAUNCH_FILE
     try:
         data = _read(launch_path)
@@ -292,7 +322,8 @@ def _plugin_sources(
     else:
         servers, problem, _ = _validate_salvaging(ServersFile, launch_path, data, context)
         problems.extend([problem] if problem is not None else [])
-        sources.append((launch_path, servers.mcp_servers if servers is not None else {}))
+        if servers is not None:
+            sources.append((launch_path, servers.mcp_servers, servers.defer_loading))
     return sources, manifest
 
 
@@ -310,14 +341,14 @@ def load_plugin(directory: Path) -> tuple[list[ConnectorSpec], list[ManifestProb
         sources, manifest = _plugin_sources(directory, context, problems)
     except _Invalid as exc:
         return [], [exc.problem]
-    if any(servers for _, servers in sources) and (fault := id_problem(plugin, "plugin name")):
+    if any(servers for _, servers, _ in sources) and (fault := id_problem(plugin, "plugin name")):
         first = sources[0][0]
         return [], [ManifestProblem(first, f"{first}: {fault}")]
     version = manifest.version if manifest is not None else ""
     description = manifest.description if manifest is not None else ""
     specs: list[ConnectorSpec] = []
     seen: dict[str, Path] = {}
-    for origin, servers in sources:
+    for origin, servers, file_default in sources:
         for server, raw in servers.items():
             if is_disabled(raw):
                 continue
@@ -325,8 +356,8 @@ def load_plugin(directory: Path) -> tuple[list[ConnectorSpec], list[ManifestProb
             if server in seen:
                 lines.append(problem_line(str(origin), (*_SERVERS, server), f"already defined by {seen[server]}"))
             seen.setdefault(server, origin)
-            launch = _entry_launch(origin, server, raw, context, lines)
-            if lines or launch is None:
+            entry = _entry(origin, server, raw, context, lines)
+            if lines or entry is None:
                 problems.append(_problem(origin, lines))
                 continue
             specs.append(
@@ -334,8 +365,9 @@ def load_plugin(directory: Path) -> tuple[list[ConnectorSpec], list[ManifestProb
                     f"{plugin}-{server}",
                     "plugin",
                     server,
-                    launch,
+                    entry,
                     origin,
+                    file_default=file_default,
                     description=description,
                     version=version or None,
                     root=directory,

@@ -223,6 +223,10 @@ class ConnectorPool:
             if slot.client is not None and (connector_id is None or cid == connector_id)
         )
 
+    def connected(self, connector_id: str) -> set[str]:
+        """The sessions whose process of the connector is up now."""
+        return {sid for (sid, cid), slot in self._slots.items() if cid == connector_id and slot.client is not None}
+
     def available(self, session_id: str, connector_id: str) -> bool:
         """False while that session's process of the connector is crashed, backing off, or in error."""
         slot = self._slots.get((session_id, connector_id))

@@ -6,8 +6,11 @@ new session spawns nothing (contract §7). The probe's tool definitions are fing
 store; a later listing whose schema or description differs withholds that tool until the user trusts
 the connector again (rug-pull protection), and ``connectors show`` names the drift.
 
-Each tool is registered with its risk from ``connector.json`` (unknown third-party tools: MEDIUM), goes
-through the one decision of the tool pool like any other, and is called through ``ConnectorPool``.
+Each tool is registered with its risk from ``connector.json`` (unknown third-party tools: MEDIUM), the
+network it needs (all of them, unless the connector declares it works offline) and whether it is
+deferred (``Deferral``), goes through the one decision of the tool pool like any other, and is called
+through ``ConnectorPool``. A package's or plugin's ``high-credit-tools.json`` joins the billable gate
+for that connector's scope while its tools are in the pool.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import tempfile
 import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -25,9 +29,10 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED
 
+from sidecar.bus.billing import BillingGate, ManifestSource
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.manager import Connector, ConnectorManager
-from sidecar.connectors.manifests import ConnectorSpec
+from sidecar.connectors.manifests import BILLING_FILE, ConnectorSpec
 from sidecar.connectors.pool import CALL_TIMEOUT, ConnectorPool, LaunchContext, LaunchPlan, launch_plan
 from sidecar.errors import StorageError, ToolError
 from sidecar.names import MAX_TOOL_NAME, connector_route, connector_tool
@@ -35,7 +40,7 @@ from sidecar.store.files import read_json, write_json
 from sidecar.store.trust import TrustStore, tool_fingerprint
 from sidecar.text import preview
 
-__all__ = ["ConnectorTools", "withheld_message"]
+__all__ = ["ConnectorTools", "Deferral", "billing_source", "withheld_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,34 @@ def withheld_message(connector: Connector, tool: str) -> str:
     return (
         f"{tool} changed since {connector.id} was trusted ({connector.tool_drift[tool]}); it is withheld "
         f"until the user reviews it and runs: sidecar connectors trust {connector.id}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """Which connector tools stay out of ``tools/list`` (``[tools]`` settings, then what the connector says)."""
+
+    default: bool = True
+    """``defer_connectors``: a connector that does not say (``defer_loading``) has its tools deferred."""
+    direct: frozenset[str] = frozenset()
+    """``direct_connectors``: connectors whose tools are listed directly, whatever they say."""
+
+    def deferred(self, spec: ConnectorSpec, tool: str) -> bool:
+        if spec.id in self.direct:
+            return False
+        return spec.deferred(tool, default=self.default)
+
+
+def billing_source(spec: ConnectorSpec) -> ManifestSource | None:
+    """A package's or plugin's ``high-credit-tools.json``, scoped to the connector, names as it names them;
+    optional (a connector without one is free), and failing closed when present but unsound."""
+    if spec.root is None:
+        return None
+    return ManifestSource(
+        scope=connector_route(spec.id),
+        path=spec.root / BILLING_FILE,
+        required=False,
+        prefix=connector_tool(spec.id, ""),
     )
 
 
@@ -67,8 +100,13 @@ class ConnectorTools:
         cache_dir: Path,
         context: Callable[[str, str], LaunchContext],
         notify_drift: Callable[[], None] = lambda: None,
+        billing: BillingGate | None = None,
+        deferral: Deferral | None = None,
     ) -> None:
         self._registry = registry
+        self._billing = billing
+        self._deferral = deferral or Deferral()
+        self._specs: dict[str, ConnectorSpec] = {}  # connector id -> the spec its tools were registered from
         self._manager = manager
         self._trust = trust
         self._pool = pool
@@ -92,7 +130,10 @@ class ConnectorTools:
                 changed.append(connector_id)
         for connector_id, connector in trusted.items():
             if connector_id in self._registered:
-                continue
+                if self._specs.get(connector_id) == connector.spec:
+                    continue
+                # Still trusted (same key), but what it declares for sidecar changed: register it anew.
+                self._unregister(connector_id)
             offers = self._cached(connector.key)
             if offers is not None:
                 self._offers[connector_id] = offers
@@ -145,7 +186,13 @@ class ConnectorTools:
 
     def _register(self, connector: Connector, tools: list[Mapping[str, Any]]) -> None:
         names = []
+        spec = connector.spec
         self._defs[connector.id] = {str(t["name"]): t for t in tools}
+        self._specs[connector.id] = spec
+        if self._billing is not None:
+            source = billing_source(spec)
+            # SECURITY: its manifest covers its tools before they are callable (a corrupt one makes them ask).
+            self._billing.cover(connector_route(spec.id), [source] if source is not None else [])
         for tool in tools:
             name = str(tool["name"])
             full = connector_tool(connector.id, name)
@@ -155,7 +202,7 @@ class ConnectorTools:
             schema = tool.get("inputSchema") or {"type": "object", "properties": {}}
             if not isinstance(schema, dict) or schema.get("type") != "object":
                 schema = {"type": "object", "properties": {}, "additionalProperties": True}
-            risk = Risk(connector.spec.tool_risks.get(name, Risk.MEDIUM.value))
+            risk = Risk(spec.tool_risks.get(name, Risk.MEDIUM.value))
             try:
                 self._registry.add(
                     name=full,
@@ -164,6 +211,8 @@ class ConnectorTools:
                     handler=self._handler(connector.id, name),
                     parameters={**schema, "additionalProperties": True},
                     title=tool.get("title") if isinstance(tool.get("title"), str) else None,
+                    needs_network=spec.network,
+                    defer_loading=self._deferral.deferred(spec, name),
                     available=self._availability(connector.id, name),
                     source=connector_route(connector.id),
                     server=connector.id,
@@ -179,6 +228,13 @@ class ConnectorTools:
             self._registry.remove(name)
         self._defs.pop(connector_id, None)
         self._offers.pop(connector_id, None)
+        self._specs.pop(connector_id, None)
+        if self._billing is not None:
+            self._billing.cover(connector_route(connector_id), [])
+
+    def registered(self, connector_id: str) -> list[str]:
+        """The pool names of a connector's tools, as registered now (none unless it is trusted)."""
+        return list(self._registered.get(connector_id, []))
 
     def _availability(self, connector_id: str, tool: str) -> Callable[[Any], bool]:
         def available(session: Any) -> bool:

@@ -4,7 +4,8 @@ Trusting a connector probes it for its tools and registers them; untrusting it, 
 config or package, stops its processes and relayed connections in every session and takes its tools
 out of the pool; a session that ends takes its processes with it. Every change of what a session may
 see is announced through ``notify`` (the MCP edge sends ``tools/list_changed``). The service also
-registers the ``list_connectors`` tool: the connectors a session can use, from the bus's own registry.
+registers the ``list_connectors`` tool: the connectors a session may use (``policy.reaches_connector``)
+and, of each, the tools that session may see; a connector it may not use is never named.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.auth.routes import RouteRegistry
+from sidecar.auth.sessions import Session, SessionStore
+from sidecar.bus.billing import BillingGate, read_source
+from sidecar.bus.policy import Phase, Verdict, decide, reaches_connector
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
 from sidecar.connectors.pool import ConnectorPool, LaunchContext, PoolLimits
-from sidecar.connectors.proxy import ConnectorTools
+from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_source
 from sidecar.connectors.upstream import Upstreams
-from sidecar.errors import SidecarError
+from sidecar.errors import SidecarError, ToolError
 from sidecar.names import connector_route
 from sidecar.store.trust import TrustStore
 
@@ -47,10 +51,15 @@ class ConnectorService:
         notify: Notify,
         routes: RouteRegistry,
         limits: PoolLimits,
+        sessions: SessionStore,
+        billing: BillingGate | None = None,
+        deferral: Deferral | None = None,
     ) -> None:
         self.manager = manager
         self._routes = routes
         self._notify = notify
+        self._registry = registry
+        self._sessions = sessions
         # The pool's processes and the relay's connections count against the same caps (``running``), and
         # report their failed processes to the same log (``connectors show``).
         self.failures = FailureLog()
@@ -78,6 +87,8 @@ class ConnectorService:
             cache_dir=cache_dir,
             context=context,
             notify_drift=lambda: notify(None),
+            billing=billing,
+            deferral=deferral,
         )
         self.catalog = ConnectorCatalog(manager=manager, pool=self.pool, offers=self.tools.offers, context=context)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -88,14 +99,64 @@ class ConnectorService:
         """Processes and relayed connections alive now, of one connector or of all."""
         return self.pool.running(connector_id) + self.upstreams.running(connector_id)
 
+    def connected(self, connector_id: str) -> set[str]:
+        """The sessions that have the connector connected now: trusted, with a pool process or a relayed
+        connection up. One that lost its trust has none, though its processes may take a moment to stop
+        (``running`` counts them until they have): no call reaches them any more."""
+        if not self.manager.get(connector_id).trusted:
+            return set()
+        return self.pool.connected(connector_id) | self.upstreams.connected(connector_id)
+
     def public(self, connector: Connector, *, detail: bool = False) -> dict[str, object]:
-        """What the control API shows; in detail also ``last_failure``: the latest of its processes that
-        failed, in any session (session, time, reason, last stderr lines), or ``None``."""
-        body = connector.public(running=self.running(connector.id), detail=detail)
+        """What the control API shows; in detail also ``billable`` (its tools that cost money, by its own
+        names, from its ``high-credit-tools.json``), ``billing_problem`` (why that file makes every one of
+        its tools ask) and ``last_failure``: the latest of its processes that failed, in any session
+        (session, time, reason, last stderr lines), or ``None``."""
+        body = connector.public(
+            running=self.running(connector.id), connected=len(self.connected(connector.id)), detail=detail
+        )
         if detail:
+            source = billing_source(connector.spec)
+            billable, problem = read_source(source) if source is not None else ({}, None)
+            body["billable"] = {name: tool.model_dump(by_alias=True) for name, tool in sorted(billable.items())}
+            body["billing_problem"] = f"every tool asks: {problem}" if problem is not None else None
             failure = self.failures.last(connector.id)
             body["last_failure"] = failure.public() if failure is not None else None
         return body
+
+    def usable(self, session: Session) -> list[Connector]:
+        """The trusted connectors this session may use (its grant and its network permission)."""
+        return [c for c in self.manager.trusted() if reaches_connector(session, c.id, needs_network=c.spec.network)]
+
+    def of_session(self, session_id: str) -> list[dict[str, object]]:
+        """What ``list_connectors`` answers the live session ``session_id``."""
+        session = self._sessions.alive(session_id)
+        if session is None:
+            raise ToolError("this session has ended")
+        return [self.for_session(session, c) for c in self.usable(session)]
+
+    def for_session(self, session: Session, connector: Connector) -> dict[str, object]:
+        """One connector as an agent of ``session`` sees it: no other session's processes, and only the
+        tools this session may see."""
+        tools = [
+            name
+            for name in self.tools.registered(connector.id)
+            if decide(session, self._registry.get(name), Phase.LIST).verdict is not Verdict.DENY
+        ]
+        if session.id in self.connected(connector.id):
+            state = ConnectorState.CONNECTED
+        elif (error := self.pool.error(session.id, connector.id)) is not None:
+            state = ConnectorState.ERROR
+        else:
+            state = ConnectorState.DISCONNECTED
+        return {
+            "id": connector.id,
+            "name": connector.spec.name,
+            "description": connector.spec.description,
+            "state": state.value,
+            "error": error if state is ConnectorState.ERROR else None,
+            "tools": tools,
+        }
 
     def start(self) -> None:
         """Register the cached tools of the connectors trusted in earlier runs (spawns nothing)."""
@@ -148,6 +209,9 @@ class ConnectorService:
         if event in ("untrusted", "changed"):
             # SECURITY: what is no longer trusted stops now, in every session, and leaves the pool.
             self._background(self._withdraw(connector.id))
+        elif event == "updated":
+            self.tools.sync()  # its tools again, as it now declares them (deferral)
+            self._notify(None)
 
     async def _withdraw(self, connector_id: str) -> None:
         self._unmount(connector_id)
@@ -170,6 +234,12 @@ def _install_list_connectors(registry: ToolRegistry, service: ConnectorService) 
         risk=Risk.LOW,
     )
     async def list_connectors(arguments: dict[str, Any], call: CallContext) -> ToolOutput:
-        found = [service.public(c) for c in service.manager.trusted()]
-        text = "\n".join(f"{c['id']}: {c['state']}" for c in found) or "no connectors are available"
+        found = service.of_session(call.session_id)
+        text = "\n".join(_connector_line(c) for c in found) or "no connectors are available to this session"
         return ToolOutput(text=text, structured={"connectors": found})
+
+
+def _connector_line(connector: dict[str, object]) -> str:
+    tools = connector["tools"]
+    listed = ", ".join(str(t) for t in tools) if isinstance(tools, list) and tools else "no tools it may use"
+    return f"{connector['id']} ({connector['name']}): {connector['state']}; {listed}"

@@ -52,6 +52,20 @@ class ConnectorSpec:
     """Validated ``oauth-client.json``: every field of ``OAuthClientFile`` (``None`` when the file is absent)."""
     billing_manifest: Path | None
     """``<root>/high-credit-tools.json`` when it exists (the billing gate validates it, failing closed)."""
+    network: bool = True
+    """Whether its tools need the session's network permission: true unless the connector declares it
+    works offline (``connector.json`` ``"network": false``, an entry's ``"sidecarNetwork": false``)."""
+    defer_loading: bool | frozenset[str] | None = None
+    """Which of its tools it asks to keep out of ``tools/list``: all, none, those named (its own names),
+    or ``None``: it does not say (``[tools] defer_connectors`` decides)."""
+
+    def deferred(self, tool: str, *, default: bool) -> bool:
+        """Whether the connector asks for its tool ``tool`` to be deferred; ``default`` when it does not say."""
+        if self.defer_loading is None:
+            return default
+        if isinstance(self.defer_loading, bool):
+            return self.defer_loading
+        return tool in self.defer_loading
 
 
 @dataclass(frozen=True, slots=True)

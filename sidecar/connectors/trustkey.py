@@ -2,10 +2,10 @@
 
 ``trust_key(spec)`` is ``<id>::<sha256>`` over the canonical launch config and, for packages and plugins,
 the digest of every file in the connector's directory. Any change to the command, the args, the env *keys*,
-the cwd, the url, the header *names* or a package file changes the key, so an approval given to one
-config never carries over to another (the swapped-config attack of Cursor's CVE-2025-54136). Env and
-header *values* are left out on purpose: they hold secrets the user rotates, and rotating a token must not
-revoke trust.
+the cwd, the url, the header *names*, an offline declaration or a package file changes the key, so an
+approval given to one config never carries over to another (the swapped-config attack of Cursor's
+CVE-2025-54136). Env and header *values* are left out on purpose: they hold secrets the user rotates, and
+rotating a token must not revoke trust.
 """
 
 from __future__ import annotations
@@ -31,19 +31,25 @@ _CHUNK: Final = 1024 * 1024
 
 
 def canonical_launch(spec: ConnectorSpec) -> bytes:
-    """The launch config as canonical JSON: sorted keys, no spaces, env and header names without values."""
+    """The launch config as canonical JSON: sorted keys, no spaces, env and header names without values.
+
+    A connector that declares it works offline carries ``"offline": true``: the declaration lets sessions
+    without the network use it, so making it must need trust again (a package's is in its files anyway).
+    Connectors that need the network, the default, hash as they always did.
+    """
     launch = spec.launch
-    return canonical_json(
-        {
-            "transport": launch.transport,
-            "command": launch.command,
-            "args": list(launch.args),
-            "env_keys": sorted(launch.env),
-            "cwd": launch.cwd,
-            "url": launch.url,
-            "header_keys": sorted(launch.headers),
-        }
-    )
+    canonical: dict[str, object] = {
+        "transport": launch.transport,
+        "command": launch.command,
+        "args": list(launch.args),
+        "env_keys": sorted(launch.env),
+        "cwd": launch.cwd,
+        "url": launch.url,
+        "header_keys": sorted(launch.headers),
+    }
+    if not spec.network:
+        canonical["offline"] = True
+    return canonical_json(canonical)
 
 
 def _file_sha256(path: Path, budget: int) -> tuple[str, int]:

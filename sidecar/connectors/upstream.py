@@ -301,6 +301,10 @@ class Upstreams:
             if upstream.alive and (connector_id is None or cid == connector_id)
         )
 
+    def connected(self, connector_id: str) -> set[str]:
+        """The sessions with a live relayed connection to the connector."""
+        return {sid for upstream, (sid, cid) in self._open.items() if cid == connector_id and upstream.alive}
+
     async def open(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
         """A new connection of the session's own; ``ToolError`` when a cap is reached and nothing of this
         session can give way, when its trust no longer holds on disk (``admit``), or it cannot start."""

@@ -7,6 +7,10 @@ request, so an ended session or a shrunken grant applies immediately.
 ``tools/list_changed`` reaches a session's clients two ways: 2025-era clients through their MCP
 transport session's standalone (GET) stream, 2026-07-28 clients through ``subscriptions/listen``
 streams fed by a per-session subscription bus.
+
+An agent is told what it may search for (``deferred_hint``): the server's ``instructions`` (``initialize``,
+``server/discover``) and the ``tool_search`` description in ``tools/list`` name the connectors and the
+deferred tools of *this* session, nothing it may not use.
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ MAX_LEGACY_PER_SESSION: Final = 64
 """MCP transport sessions remembered per sidecar session for list_changed (oldest dropped first)."""
 
 META_PREFIX: Final = "dev.sidecar/"
+INSTRUCTIONS: Final = "sidecar: the tools this agent session may use on this machine."
+HINT_TOOLS: Final = 60
+"""Deferred tools the hint names one by one; past that it names their connectors and counts the rest."""
+HINT_DESCRIPTION: Final = 80
+"""Characters of each deferred tool's description in the hint."""
 RESOURCE_NOT_FOUND: Final = -32002
 """MCP's error code for an unknown resource."""
 
@@ -181,6 +190,38 @@ def _tool_to_mcp(tool: ToolDef) -> types.Tool:
     )
 
 
+def deferred_hint(deferred: list[ToolDef]) -> str:
+    """What a session may search for: its connectors with deferred tools, and those tools with a short
+    description (the first ``HINT_TOOLS``); empty when nothing is deferred. Built from the session's own
+    deferred tools only, so it names nothing the session may not use."""
+    if not deferred:
+        return ""
+    by_server: dict[str, int] = {}
+    for tool in deferred:
+        by_server[tool.server] = by_server.get(tool.server, 0) + 1
+    servers = ", ".join(
+        f"{server} ({count} tool{'s' if count != 1 else ''})" for server, count in sorted(by_server.items())
+    )
+    lines = [
+        "Deferred tools are not in the tool list: find one with tool_search (what it does, or its name), "
+        "then run it with tool_call.",
+        f"Connectors and sources you may search: {servers}.",
+        "Deferred tools:",
+    ]
+    for tool in deferred[:HINT_TOOLS]:
+        description = " ".join(tool.description.split())
+        if len(description) > HINT_DESCRIPTION:
+            description = description[: HINT_DESCRIPTION - 1] + "…"
+        lines.append(f"- {tool.name}: {description}" if description else f"- {tool.name}")
+    if len(deferred) > HINT_TOOLS:
+        lines.append(f"- and {len(deferred) - HINT_TOOLS} more: tool_search finds them.")
+    return "\n".join(lines)
+
+
+def _with_hint(text: str, hint: str) -> str:
+    return f"{text}\n\n{hint}" if hint else text
+
+
 def build_mcp_server(
     *, tools: ToolService, sessions: SessionStore, hub: ChangeHub, catalog: Catalog | None = None
 ) -> Server[Any]:
@@ -206,7 +247,9 @@ def build_mcp_server(
             return types.ListToolsResult(tools=[])
         route = principal_of(ctx).route
         if route == PROXY_ROUTE:
-            return types.ListToolsResult(tools=[as_mcp(t) for t in tools.listed(session)])
+            listed, deferred = tools.partition(session)
+            hint = deferred_hint(deferred)
+            return types.ListToolsResult(tools=[_hinted(as_mcp(t), hint) for t in listed])
         # A connector's own route (/mcp/connectors/<id>): that connector's tools only, none deferred.
         return types.ListToolsResult(tools=[as_mcp(t) for t in tools.visible(session) if t.source == route])
 
@@ -245,6 +288,19 @@ def build_mcp_server(
             is_error=outcome.is_error,
         )
 
+    async def instruct(
+        ctx: ServerRequestContext[Any, Any], call_next: Callable[[ServerRequestContext[Any, Any]], Awaitable[Any]]
+    ) -> Any:
+        """The session's own ``instructions``: what it may search for (``initialize``, ``server/discover``)."""
+        result = await call_next(ctx)
+        if ctx.method not in _INSTRUCTED or not isinstance(result, dict):
+            return result
+        principal = principal_of(ctx)
+        session = sessions.alive(principal.session_id)
+        if principal.route != PROXY_ROUTE or session is None:
+            return result
+        return {**result, "instructions": _with_hint(INSTRUCTIONS, deferred_hint(tools.partition(session)[1]))}
+
     async def remember_clients(
         ctx: ServerRequestContext[Any, Any], call_next: Callable[[ServerRequestContext[Any, Any]], Awaitable[Any]]
     ) -> Any:
@@ -268,7 +324,7 @@ def build_mcp_server(
     server = _SidecarServer(
         "sidecar",
         version=__version__,
-        instructions="sidecar: the tools this agent session may use on this machine.",
+        instructions=INSTRUCTIONS,
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
         on_subscriptions_listen=hub.listen,
@@ -276,8 +332,18 @@ def build_mcp_server(
         **catalog_handlers,
     )
     # Not the SDK's default OpenTelemetry middleware: it costs time on every call and exports nothing here.
-    server.middleware = [remember_clients]
+    server.middleware = [remember_clients, instruct]
     return server
+
+
+_INSTRUCTED: Final = frozenset({"initialize", "server/discover"})
+
+
+def _hinted(tool: types.Tool, hint: str) -> types.Tool:
+    """``tool_search`` as this session sees it: its description names what the session may search for."""
+    if tool.name != "tool_search" or not hint:
+        return tool
+    return tool.model_copy(update={"description": _with_hint(tool.description or "", hint)})
 
 
 def _catalog_handlers(

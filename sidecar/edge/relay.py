@@ -11,10 +11,12 @@ opened by relaying its ``initialize`` and closed with the session: per-connectio
 log level, subscriptions and server→client requests then belongs to exactly one client. 2026-07-28
 requests are self-contained, so one connection per (sidecar session, connector) serves them all.
 
-Policy still holds on this route: the route exists only while the connector is trusted, every call
-goes through ``ToolService.call`` (the one decision, approvals, billing, audit, abort on revocation),
-``tools/list`` shows only tools this session may call and that have not changed since trust, and
-resources and prompts need the session's grant of the connector (as on ``/mcp``).
+Policy still holds on this route: the route exists only while the connector is trusted, a session that
+may not use the connector at all (its grant names none of it, or it lacks the network the connector
+needs) is refused before anything starts, every call goes through ``ToolService.call`` (the one
+decision, approvals, billing, audit, abort on revocation), ``tools/list`` shows only tools this session
+may call and that have not changed since trust, and resources and prompts need the session's grant of
+the connector (as on ``/mcp``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from mcp_types.methods import serialize_server_result
 
 from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import Session, SessionStore
-from sidecar.bus.policy import grants_connector
+from sidecar.bus.policy import grants_connector, reaches_connector
 from sidecar.bus.registry import CallContext, ToolOutput
 from sidecar.bus.tools import ToolService
 from sidecar.connectors.manager import Connector
@@ -57,8 +59,9 @@ logger = logging.getLogger(__name__)
 
 _STATE_KEY: Final = "sidecar.relay"
 _UNGATED: Final = frozenset({"ping", "logging/setLevel", "server/discover", "tools/list"})
-"""Requests any live session on the route may send: they reach no resource or prompt, and tools are
-filtered (``tools/list``) or decided (``tools/call``) one by one, as a grant may name single tools."""
+"""Requests any live session that may use the connector at all may send: they reach no resource or prompt,
+and tools are filtered (``tools/list``) or decided (``tools/call``) one by one, as a grant may name single
+tools."""
 _ROUTING_HEADERS: Final = frozenset({MCP_PROTOCOL_VERSION_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER})
 _PARAM_PREFIX: Final = MCP_PARAM_HEADER_PREFIX.lower()  # header names arrive lower-cased (ASGI)
 _NOT_RELAYED: Final = frozenset({"notifications/cancelled", "notifications/progress"})
@@ -116,6 +119,9 @@ class Relay:
         if session is None:
             raise MCPError(code=INVALID_REQUEST, message="this session has ended")
         connector = self._trusted(connector_id)
+        if not reaches_connector(session, connector.id, needs_network=connector.spec.network):
+            # SECURITY: nothing of it is this session's to use, so no process of it starts for this session.
+            raise MCPError(code=INVALID_REQUEST, message=f"this session may not use connector {connector.id}")
         if ctx.method == "initialize":
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 return await call_next(ctx)  # removed at 2026-07-28: the SDK answers as its own server would
@@ -183,7 +189,7 @@ class Relay:
         opts = _call_options(ctx)
         if method == "tools/call":
             return await self._call_tool(ctx, session, connector, upstream, channel, opts)
-        if method not in _UNGATED and not grants_connector(session, connector.id):
+        if method not in _UNGATED and not grants_connector(session, connector.id, needs_network=connector.spec.network):
             raise MCPError(code=INVALID_REQUEST, message=f"this session's grant does not include {connector.id}")
         result = await upstream.request(method, params, opts, origin=_origin(ctx, channel))
         if method == "tools/list":

@@ -104,7 +104,7 @@ class RestFacade:
         if not TOOL_NAME.fullmatch(name):
             raise NotFound("no such tool")
         tool, decision = self._tools.decide_call(session, name)
-        if tool is None:
+        if tool is None or decision.hidden:  # SECURITY: outside its grant or network is as missing (no probing)
             raise NotFound("no such tool")
         if decision.verdict is Verdict.DENY:
             raise Forbidden(f"{name} is not allowed in this session")

@@ -67,7 +67,8 @@ async def _call(daemon: Daemon, session: dict[str, object], tool: str) -> types.
 
 
 async def test_the_per_connector_cap_refuses_a_process_until_one_ends(capped: Daemon) -> None:
-    first, second = await capped.new_session(mode="bypass"), await capped.new_session(mode="bypass")
+    first = await capped.new_session(mode="bypass", allow=["*"])
+    second = await capped.new_session(mode="bypass", allow=["*"])
     assert tool_text(await _call(capped, first, "mcp__echo__echo")) == "hi"
     before = child_pids()
     refused = await _call(capped, second, "mcp__echo__echo")
@@ -80,7 +81,7 @@ async def test_the_per_connector_cap_refuses_a_process_until_one_ends(capped: Da
 
 
 async def test_the_total_cap_counts_the_relays_processes_too(totalled: Daemon) -> None:
-    bus = await totalled.new_session(mode="bypass")
+    bus = await totalled.new_session(mode="bypass", allow=["*"])
     assert tool_text(await _call(totalled, bus, "mcp__echo__echo")) == "hi"
     assert tool_text(await _call(totalled, bus, "mcp__other__echo")) == "hi"  # two processes: the total cap
     routed = await totalled.new_session(mode="bypass", connector="other")
@@ -93,7 +94,7 @@ async def test_the_total_cap_counts_the_relays_processes_too(totalled: Daemon) -
 
 
 async def test_an_idle_process_is_stopped_and_the_next_call_starts_it_again(reaping: Daemon) -> None:
-    session = await reaping.new_session(mode="bypass")
+    session = await reaping.new_session(mode="bypass", allow=["mcp__echo__*"])
     async with mcp_client(session) as client:
         assert tool_text(await client.call_tool("mcp__echo__echo", {"text": "one"})) == "one"
         assert await running(reaping, "echo") == 1

@@ -15,7 +15,16 @@ import pytest
 from sidecar.config import ConnectorSettings, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
-from tests.helpers import FIXTURES, python_server, tool_text, trust, until_running, wait_until, write_user_servers
+from tests.helpers import (
+    FIXTURES,
+    python_server,
+    rest,
+    tool_text,
+    trust,
+    until_running,
+    wait_until,
+    write_user_servers,
+)
 
 BOUND = 60.0
 
@@ -34,7 +43,7 @@ def _fixture(name: str, **env: str) -> dict[str, Any]:
 async def _echo_still_works(daemon: Daemon) -> None:
     assert await daemon.control("GET", "/healthz") == {"status": "ok"}
     await trust(daemon, "echo")
-    session = await daemon.new_session(mode="bypass")
+    session = await daemon.new_session(mode="bypass", allow=["*"])
     async with mcp_client(session) as client:
         assert (await client.list_tools()).tools
         assert tool_text(await client.call_tool("mcp__echo__echo", {"text": "still here"})) == "still here"
@@ -57,7 +66,7 @@ async def test_a_crash_loop_ends_in_error_with_the_reason(strict: Daemon, tmp_pa
         strict, {"loopy": _fixture("crash_later.py", CRASH_MARKER=str(marker)), "echo": _fixture("echo_server.py")}
     )
     await trust(strict, "loopy")
-    session = await strict.new_session(mode="bypass")
+    session = await strict.new_session(mode="bypass", allow=["*"])
     async with mcp_client(session) as client:
         assert tool_text(await client.call_tool("mcp__loopy__ping", {})) == "pong"
         marker.write_text("")
@@ -66,8 +75,8 @@ async def test_a_crash_loop_ends_in_error_with_the_reason(strict: Daemon, tmp_pa
             while True:
                 result = await client.call_tool("tool_call", {"name": "mcp__loopy__ping"})
                 if "is in error" in tool_text(result) or "not found or not available" in tool_text(result):
-                    listed = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
-                    if "mcp__loopy__ping" not in listed:
+                    _, visible = await rest(strict, "GET", "/api/v1/mcp/tools", session["headers"])
+                    if "mcp__loopy__ping" not in {t["name"] for t in visible["tools"]}:
                         break
                 await asyncio.sleep(0.2)
     await _echo_still_works(strict)
@@ -91,7 +100,7 @@ async def test_a_connector_that_forks_into_the_background_leaves_nothing_behind(
     started = time.time()
     write_user_servers(strict, {"forker": _fixture("forker.py")})
     await trust(strict, "forker")
-    session = await strict.new_session(mode="bypass")
+    session = await strict.new_session(mode="bypass", allow=["mcp__forker__*"])
     async with mcp_client(session) as client:
         pids = json.loads(tool_text(await client.call_tool("mcp__forker__orphan", {})))
         assert len(_sleepers(started)) >= 2  # its same-group child and its setsid escapee

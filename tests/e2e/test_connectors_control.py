@@ -50,7 +50,7 @@ async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> Non
         ("cwd", "/tmp"),
     ]:
         write_user_servers(daemon, {"time": {**TIME_SERVER, field: value}})
-        assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "disconnected", field
+        assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "changed", field
     write_user_servers(daemon, {"time": {**TIME_SERVER, "env": {"TZ": "Europe/Paris"}}})  # a value, not a key
     assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "trusted"
 
@@ -183,7 +183,7 @@ async def test_a_connector_that_dies_mid_call_shows_the_session_and_logs_its_std
     assert (await daemon.control("POST", "/control/connectors/dying/trust"))["state"] == "trusted"
     assert (await daemon.control("GET", "/control/connectors/dying"))["last_failure"] is None
     caplog.set_level(logging.WARNING, logger="sidecar.connectors.failures")
-    session = await daemon.new_session(mode="bypass")
+    session = await daemon.new_session(mode="bypass", allow=["mcp__dying__*"])
     async with mcp_client(session) as client:
         result = await client.call_tool("mcp__dying__die", {})
     assert result.is_error and "stopped unexpectedly" in str(result.content), result

@@ -73,11 +73,17 @@ async def test_an_edited_launch_config_loses_its_trust_and_its_processes_without
         assert _echo_processes(), "the call did not start the connector"
 
         _write_atomically(echo.paths.config / "mcp.json", {"echo": _echo("--verbose")})
-        found = await _until(echo, lambda c: c["echo"]["state"] not in ("trusted", "connected"))
-        assert found["echo"]["running"] == 0
+        found = await _until(echo, lambda c: c["echo"]["state"] != "trusted")
+        assert (found["echo"]["state"], found["echo"]["running"], found["echo"]["connected_sessions"]) == (
+            "changed",
+            0,
+            0,
+        )
 
         names = {t.name for t in (await client.list_tools(cache_mode="refresh")).tools}
+        searched = await client.call_tool("tool_search", {"query": "echo text"})
         assert not any(name.startswith("mcp__echo__") for name in names)
+        assert "mcp__echo__" not in json.dumps(searched.structured_content)
         refused = await client.call_tool("mcp__echo__echo", {"text": "hi"})
         assert refused.is_error
     async with asyncio.timeout(BOUND):
@@ -125,7 +131,8 @@ async def test_a_file_replaced_in_two_steps_changes_nothing_but_what_changed(ech
         await asyncio.sleep(0.3)  # pacing: a tool that deletes, then writes the new file a moment later
         _write_atomically(path, {"echo": _echo(), "other": _echo("other")})
         found = await _until(echo, lambda c: "other" in c)  # the watcher has read the new file ...
-        assert found["echo"]["state"] == "connected"  # ... and the moment without it withdrew nothing:
+        # ... and the moment without it withdrew nothing:
+        assert (found["echo"]["state"], found["echo"]["connected_sessions"]) == ("trusted", 1)
         assert {p.pid for p in _echo_processes()} == running  # the same process still serves the session
         assert not (await client.call_tool("mcp__echo__echo", {"text": "again"})).is_error
 

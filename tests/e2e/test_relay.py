@@ -73,10 +73,12 @@ async def test_the_sessions_policy_holds_on_the_relay(relayed: Daemon) -> None:
     assert [(e["tool"], e["decision"], e["outcome"]) for e in denied] == [
         ("mcp__conformance__test_simple_text", "deny", "denied")
     ]
-    # A session whose grant does not name the connector reaches none of it.
-    narrow = await relayed.new_session(mode="bypass", allow=["calculate"], connector="conformance")
+    # A grant that names one tool of the connector reaches that tool, not the connector's resources.
+    narrow = await relayed.new_session(
+        mode="bypass", allow=["mcp__conformance__test_simple_text"], connector="conformance"
+    )
     async with mcp_client(narrow, mode="legacy") as client:
-        assert (await client.list_tools()).tools == []
+        assert [t.name for t in (await client.list_tools()).tools] == ["test_simple_text"]
         with pytest.raises(MCPError, match="grant does not include conformance"):
             await client.list_resources()
 

@@ -90,13 +90,18 @@ async def test_a_call_that_needs_approval_names_the_approval(daemon: Daemon) -> 
 
 
 async def test_unknown_tool_is_404_and_forbidden_tool_is_403_and_nothing_runs(daemon: Daemon) -> None:
-    session = await daemon.new_session(allow=["get_current_time"])
+    session = await daemon.new_session(allow=["get_current_time", "note_save"], mode="read-only")
     before = daemon.audit_bytes()
     unknown, _ = await rest(daemon, "POST", "/api/v1/mcp/tools/nope/invoke", session["headers"], {"arguments": {}})
-    forbidden, body = await rest(
+    # Outside the session's grant: as unknown as a missing tool, so names cannot be probed (issue 10, item 4).
+    ungranted, _ = await rest(
         daemon, "POST", "/api/v1/mcp/tools/calculate/invoke", session["headers"], {"arguments": {"expression": "1"}}
     )
-    assert (unknown, forbidden) == (404, 403)
+    # Granted, but its mode does not let it run (MEDIUM in read-only): forbidden.
+    forbidden, body = await rest(
+        daemon, "POST", "/api/v1/mcp/tools/note_save/invoke", session["headers"], {"arguments": {"text": "x"}}
+    )
+    assert (unknown, ungranted, forbidden) == (404, 404, 403)
     assert body["error"]["code"] == "forbidden"
     assert daemon.audit_bytes() == before
 

@@ -99,7 +99,7 @@ async def test_the_bound_is_a_setting(home: Path, workspace: Path) -> None:
 async def test_a_connectors_long_result_is_bounded_on_mcp_and_on_its_own_route(daemon: Daemon, era: str) -> None:
     await trust_user_server(daemon, "echo", ECHO_SERVER)
     long_text = "e" * BIG
-    pooled = await daemon.new_session(mode="bypass")
+    pooled = await daemon.new_session(mode="bypass", allow=["mcp__echo__*"])
     async with mcp_client(pooled, mode=era) as client:
         result = await client.call_tool("mcp__echo__echo", {"text": long_text})
     _assert_cut(result, is_error=False)
