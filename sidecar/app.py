@@ -62,7 +62,7 @@ from sidecar.bus.builtins import install_builtins
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
-from sidecar.connectors.manager import ConnectorManager, ConnectorState
+from sidecar.connectors.manager import ConnectorManager
 from sidecar.connectors.pool import LaunchContext, PoolLimits
 from sidecar.connectors.service import ConnectorService
 from sidecar.connectors.watch import ConfigWatcher
@@ -200,7 +200,7 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
         """Signed in: a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
         service = app[CONNECTORS]
         connector = service.manager.get(connector_id)
-        if connector.state is ConnectorState.ERROR and app[TRUST].is_trusted(connector.key):
+        if not service.tools.offers(connector_id) and app[TRUST].is_trusted(connector.key):
             await service.trust(connector_id)
 
     async def disconnect(connector_id: str) -> None:

@@ -202,7 +202,10 @@ class Broker:
             logger.info("sign-in of %s complete", cid)
             self._audit("oauth.connect", connector=cid, outcome="ok")
             if self._on_ready is not None:
-                self._spawn(self._on_ready(cid))
+                try:  # before the flow is done: the callback page and the CLI see the connector usable
+                    await self._on_ready(cid)
+                except Exception as exc:  # the sign-in stands; the connector's own error says what failed
+                    logger.warning("after the sign-in of %s: %s", cid, _describe(exc))
         finally:
             if flow.state_key is not None:
                 self._by_state.pop(flow.state_key, None)
