@@ -8,8 +8,10 @@ later ones. Start-up runs them in order, teardown in reverse:
 2. auth — in-flight tracking, route tokens, sessions;
 3. bus — the tool registry with the built-ins, approvals, the billable gate, the tool service, and the
    hub that tells clients their tools changed;
-4. connectors — manifests and trust, processes and relayed connections, their tools in the pool;
-5. edge — the MCP SDK servers behind ``/mcp`` and ``/mcp/connectors/<id>``, and the routes' tokens
+4. oauth — the credential store (its key in the OS keyring, else a key file) and the OAuth broker:
+   one grant per remote connector, shared by every session; sign-in out of band;
+5. connectors — manifests and trust, processes and relayed connections, their tools in the pool;
+6. edge — the MCP SDK servers behind ``/mcp`` and ``/mcp/connectors/<id>``, and the routes' tokens
    (revoked first on the way down, aborting in-flight requests and streams).
 
 Middleware order (outermost first): error rendering → network guard (before anything else) →
@@ -18,6 +20,7 @@ authentication → handlers. Handlers find their objects in the app at request t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +38,7 @@ from sidecar.appkeys import (
     HUB,
     INFLIGHT,
     MCP_ENDPOINT,
+    OAUTH,
     PATHS,
     REGISTRY,
     RELAY_ENDPOINT,
@@ -71,8 +75,10 @@ from sidecar.edge.rest import RestFacade, add_rest_routes
 from sidecar.http import error_middleware, json_response
 from sidecar.names import PROXY_ROUTE
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
+from sidecar.oauth.broker import CALLBACK_PATH, Broker
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.credentials import CredentialStore, choose_key_source
 from sidecar.store.files import ensure_private_dir
 from sidecar.store.trust import TrustStore
 
@@ -116,7 +122,7 @@ def build_app(
             make_guard_middleware(
                 port=lambda: runtime.port,
                 allowed_origins=settings.origin_tuples(),
-                fetch_site_exempt=lambda path: False,
+                fetch_site_exempt=lambda path: path == CALLBACK_PATH,  # a browser comes back cross-site
             ),
             make_auth_middleware(
                 routes=lambda: app[ROUTES],
@@ -129,7 +135,7 @@ def build_app(
     app[SETTINGS] = settings
     app[PATHS] = paths
     app[RUNTIME] = runtime
-    app.cleanup_ctx.extend([_store, _auth, _bus(registry or ToolRegistry()), _connectors, _edge])
+    app.cleanup_ctx.extend([_store, _auth, _bus(registry or ToolRegistry()), _oauth, _connectors, _edge])
     app.on_shutdown.append(_revoke_all)  # before aiohttp waits for open handlers: streams don't hold the stop
     app.on_response_prepare.append(add_vary_origin)
     _add_routes(app)
@@ -185,6 +191,33 @@ def _bus(registry: ToolRegistry) -> Subsystem:
     return bus
 
 
+async def _oauth(app: web.Application) -> AsyncIterator[None]:
+    paths, runtime, audit = app[PATHS], app[RUNTIME], app[AUDIT]
+    ensure_private_dir(paths.data)
+    # Choosing the key source asks the OS keyring (D-Bus on Linux): off the event loop.
+    key = await asyncio.to_thread(choose_key_source, f"credentials:{paths.data}", paths.data / "credentials.key")
+
+    async def relearn(connector_id: str) -> None:
+        """Signed in: a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
+        service = app[CONNECTORS]
+        connector = service.manager.get(connector_id)
+        if not service.tools.offers(connector_id) and app[TRUST].is_trusted(connector.key):
+            await service.trust(connector_id)
+
+    async def disconnect(connector_id: str) -> None:
+        await app[CONNECTORS].disconnect(connector_id)
+
+    broker = app[OAUTH] = Broker(
+        CredentialStore(paths.data / "credentials.enc", key),
+        redirect_uri=lambda: f"http://127.0.0.1:{runtime.port}{CALLBACK_PATH}",
+        audit=audit.append,
+        on_ready=relearn,
+        on_revoked=disconnect,
+    )
+    yield
+    await broker.close()
+
+
 async def _connectors(app: web.Application) -> AsyncIterator[None]:
     settings, paths, runtime, sessions, hub = app[SETTINGS], app[PATHS], app[RUNTIME], app[SESSIONS], app[HUB]
 
@@ -218,6 +251,7 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         context=launch_context,
         notify=notify,
         routes=app[ROUTES],
+        http_auth=app[OAUTH],
         limits=PoolLimits(
             per_connector=limits.max_per_connector,
             total=limits.max_total,

@@ -25,6 +25,7 @@ from sidecar.connectors.service import ConnectorService
 from sidecar.edge.endpoint import McpEndpoint
 from sidecar.edge.mcp import ChangeHub
 from sidecar.edge.rest import RestFacade
+from sidecar.oauth.broker import Broker
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
 from sidecar.store.trust import TrustStore
@@ -37,6 +38,7 @@ __all__ = [
     "HUB",
     "INFLIGHT",
     "MCP_ENDPOINT",
+    "OAUTH",
     "PATHS",
     "REGISTRY",
     "RELAY_ENDPOINT",
@@ -80,6 +82,7 @@ APPROVALS = web.AppKey("approvals", ApprovalStore)
 BILLING = web.AppKey("billing", BillingGate)
 CONNECTORS = web.AppKey("connectors", ConnectorService)
 TRUST = web.AppKey("trust", TrustStore)
+OAUTH = web.AppKey("oauth", Broker)
 MCP_ENDPOINT = web.AppKey("mcp_endpoint", McpEndpoint)
 RELAY_ENDPOINT = web.AppKey("relay_endpoint", McpEndpoint)
 REST = web.AppKey("rest", RestFacade)

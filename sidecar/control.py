@@ -15,7 +15,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
-from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTIME, SESSIONS, SETTINGS
+from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, OAUTH, ROUTES, RUNTIME, SESSIONS, SETTINGS, TRUST
+from sidecar.connectors.manager import Connector
+from sidecar.connectors.pool import LaunchContext, launch_plan
 from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
@@ -85,9 +87,9 @@ async def status(request: web.Request) -> web.Response:
             "uptime_seconds": round(time.time() - runtime.started_at, 1),
             "sessions": len(sessions),
             "routes": [r.name for r in app[ROUTES].list()],
-            "connectors": [app[CONNECTORS].public(c) for c in app[CONNECTORS].manager.list()],
+            "connectors": [_connector(app, c) for c in app[CONNECTORS].manager.list()],
             "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
-            "storage": {"credentials": "none stored yet", "insecure": False},
+            "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
             "pending_approvals": len(app[APPROVALS].list()),
             "billing_problems": app[BILLING].problems(),
         }
@@ -196,7 +198,7 @@ async def list_connectors(request: web.Request) -> web.Response:
     service.manager.refresh()
     return json_response(
         {
-            "connectors": [service.public(c) for c in service.manager.list()],
+            "connectors": [_connector(request.app, c) for c in service.manager.list()],
             "problems": [str(p) for p in service.manager.problems],
         }
     )
@@ -205,7 +207,7 @@ async def list_connectors(request: web.Request) -> web.Response:
 async def show_connector(request: web.Request) -> web.Response:
     service = request.app[CONNECTORS]
     service.manager.refresh()
-    return json_response(service.public(service.manager.get(request.match_info["connector_id"]), detail=True))
+    return json_response(_connector(request.app, service.manager.get(request.match_info["connector_id"]), detail=True))
 
 
 async def trust_connector(request: web.Request) -> web.Response:
@@ -226,6 +228,51 @@ async def install_connector(request: web.Request) -> web.Response:
     return json_response(connector.public(detail=True), status=201)
 
 
+def _connector(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
+    """A connector as the control API shows it, with its sign-in state (``auth``, ``auth_reason``)."""
+    return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id)}
+
+
+async def connect_connector(request: web.Request) -> web.Response:
+    """Start (or join) a remote connector's OAuth sign-in: ``{"authorization_url", "flow", "auth"}``."""
+    app, connector_id = request.app, request.match_info["connector_id"]
+    connector = app[CONNECTORS].manager.get(connector_id)
+    if connector.spec.launch.transport != "http":
+        raise RequestRejected(f"connector {connector_id} is not a remote (http) server; only those sign in")
+    if not app[TRUST].is_trusted(connector.key):
+        raise RequestRejected(
+            f"connector {connector_id} is not trusted as configured now: sidecar connectors trust {connector_id}"
+        )
+    plan = launch_plan(connector.spec, LaunchContext(origin="", authorization="", envelope="", workspace=""))
+    if plan.url is None:
+        raise RequestRejected(f"connector {connector_id} has no URL")
+    flow = await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers)
+    return json_response(flow, headers={"Cache-Control": "no-store"})
+
+
+async def revoke_connector(request: web.Request) -> web.Response:
+    """Delete a connector's credentials now, abort its calls, revoke them at the AS (RFC 7009)."""
+    app, connector_id = request.app, request.match_info["connector_id"]
+    app[CONNECTORS].manager.get(connector_id)  # 404 for an unknown id
+    return json_response(await app[OAUTH].revoke(connector_id))
+
+
+async def oauth_callback(request: web.Request) -> web.Response:
+    """The browser's way back from the authorization server (no token: ``state`` names the flow, once)."""
+    from sidecar.oauth.pages import PAGE_HEADERS, callback_page
+
+    query = request.query
+    ok, message = await request.app[OAUTH].complete(
+        state=query.get("state"), code=query.get("code"), iss=query.get("iss"), error=query.get("error")
+    )
+    return web.Response(
+        text=callback_page(ok=ok, message=message),
+        content_type="text/html",
+        status=200 if ok else 400,
+        headers=PAGE_HEADERS,
+    )
+
+
 def add_control_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/control/status", status)
@@ -242,6 +289,9 @@ def add_control_routes(app: web.Application) -> None:
     r.add_get("/control/connectors/{connector_id}", show_connector)
     r.add_post("/control/connectors/{connector_id}/trust", trust_connector)
     r.add_post("/control/connectors/{connector_id}/untrust", untrust_connector)
+    r.add_post("/control/connectors/{connector_id}/connect", connect_connector)
+    r.add_post("/control/connectors/{connector_id}/revoke", revoke_connector)
+    r.add_get("/oauth/callback", oauth_callback)
     r.add_get("/control/approvals", list_approvals)
     r.add_post("/control/approvals/{approval_id}/allow", allow_approval)
     r.add_post("/control/approvals/{approval_id}/deny", deny_approval)

@@ -72,6 +72,11 @@ def _audit_spawns(event: str, args: tuple[Any, ...]) -> None:
 
 
 def pytest_configure() -> None:
+    # keyring's first backend probe (every daemon chooses its credential key source) runs `ldconfig -p`
+    # once per interpreter, through ctypes.util.find_library: done here, before spawns are audited.
+    import keyring
+
+    keyring.get_keyring()
     # Under pytest only, not on import (scripts/bench_pool.py imports this module): a hook cannot be removed.
     sys.addaudithook(_audit_spawns)
 

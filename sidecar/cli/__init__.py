@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     status = _client(paths).call("GET", "/control/status")
-    connectors = ", ".join(f"{c['id']} ({_state(c)})" for c in status["connectors"]) or "-"
+    connectors = ", ".join(f"{c['id']} ({_state(c)}{_sign_in(c)})" for c in status["connectors"]) or "-"
     text = (
         f"sidecar {status['version']} running (pid {status['pid']})\n"
         f"  url:        {status['url']}\n"
@@ -143,6 +143,11 @@ def cmd_routes_rotate(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def _sign_in(connector: dict[str, Any]) -> str:
+    auth = connector.get("auth", "none")
+    return "" if auth == "none" else f", sign-in {auth}"
+
+
 def _state(connector: dict[str, Any]) -> str:
     """A connector's state, and how many sessions have it connected (its processes are per session)."""
     sessions = connector.get("connected_sessions", 0)
@@ -154,11 +159,12 @@ def _state(connector: dict[str, Any]) -> str:
 def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
     found = _client(paths).call("GET", "/control/connectors")
     lines = [
-        f"{c['id']:<24} {c['state']:<13} {c.get('connected_sessions', 0):>8} {c['kind']:<8} {c['transport']}"
+        f"{c['id']:<24} {c['state']:<13} {c.get('connected_sessions', 0):>8} {c['kind']:<8} {c['transport']:<9} "
+        f"{c.get('auth', 'none')}"
         for c in found["connectors"]
     ]
     if lines:
-        lines.insert(0, f"{'ID':<24} {'STATE':<13} {'SESSIONS':>8} {'KIND':<8} TRANSPORT")
+        lines.insert(0, f"{'ID':<24} {'STATE':<13} {'SESSIONS':>8} {'KIND':<8} {'TRANSPORT':<9} SIGN-IN")
     lines += [f"problem: {p}" for p in found["problems"]]
     _print(args, found, "\n".join(lines) or "no connectors configured")
     return 0
@@ -192,6 +198,18 @@ def cmd_connectors_trust(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_connectors_untrust(args: argparse.Namespace, paths: Paths) -> int:
     c = _client(paths).call("POST", f"/control/connectors/{args.connector_id}/untrust")
     _print(args, c, f"untrusted {c['id']}")
+    return 0
+
+
+def cmd_connectors_connect(args: argparse.Namespace, paths: Paths) -> int:
+    from sidecar.cli.signin import connect
+
+    return connect(_client(paths), args.connector_id, browser=not args.no_browser, timeout=args.timeout)
+
+
+def cmd_connectors_revoke(args: argparse.Namespace, paths: Paths) -> int:
+    r = _client(paths).call("POST", f"/control/connectors/{args.connector_id}/revoke")
+    _print(args, r, f"revoked {r['revoked']}: local credentials deleted ({r['deleted']}); remotely: {r['remote']}")
     return 0
 
 
@@ -327,6 +345,12 @@ def _connector_commands(sub: Any) -> None:
         ("untrust", cmd_connectors_untrust, "withdraw trust: its processes stop and its tools leave every session"),
     ):
         _command(group, name, handler, help_text, json=True).add_argument("connector_id")
+    connect = _command(group, "connect", cmd_connectors_connect, "sign in to a remote connector (OAuth, in a browser)")
+    connect.add_argument("connector_id")
+    connect.add_argument("--no-browser", action="store_true", help="print the URL only; open it yourself")
+    connect.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the sign-in")
+    revoke = _command(group, "revoke", cmd_connectors_revoke, "delete and revoke a connector's sign-in", json=True)
+    revoke.add_argument("connector_id")
     install = _command(group, "install", cmd_connectors_install, "validate and install a connector package", json=True)
     install.add_argument("path")
 

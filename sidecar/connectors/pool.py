@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import httpx2
 from mcp import ClientSession
@@ -37,7 +37,15 @@ from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
 from sidecar.text import preview
 
-__all__ = ["ConnectorPool", "LaunchContext", "PoolLimits", "http_transport", "launch_plan", "scrubbed_environment"]
+__all__ = [
+    "ConnectorPool",
+    "HttpAuthSource",
+    "LaunchContext",
+    "PoolLimits",
+    "http_transport",
+    "launch_plan",
+    "scrubbed_environment",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -139,20 +147,43 @@ def launch_plan(spec: ConnectorSpec, context: LaunchContext, *, environ: Mapping
     return LaunchPlan(argv=(command, *(expand(a) for a in launch.args)), env=env, cwd=cwd)
 
 
+class HttpAuthSource(Protocol):
+    """Credentials for remote connectors (the OAuth broker): an ``httpx2.Auth`` per connector, and a
+    fast refusal for one that needs a sign-in it lacks (a ``ToolError`` naming the remedy)."""
+
+    def auth_for(self, connector_id: str) -> httpx2.Auth | None: ...
+
+    def require(self, connector_id: str) -> None: ...
+
+
 class _StartTimeout(Exception):
     """The connector did not answer ``initialize`` in time."""
 
 
 @contextlib.asynccontextmanager
-async def http_transport(plan: LaunchPlan) -> AsyncIterator[Any]:
-    """A Streamable HTTP connector's (read, write) streams: its declared headers, sidecar's timeouts."""
+async def http_transport(plan: LaunchPlan, *, auth: httpx2.Auth | None = None) -> AsyncIterator[Any]:
+    """A Streamable HTTP connector's (read, write) streams: its declared headers, sidecar's timeouts,
+    and ``auth`` (the OAuth broker's, for a connector that signs in)."""
     if plan.url is None:
         raise ValueError("http_transport needs a plan with a url")
+    timeout = httpx2.Timeout(CALL_TIMEOUT, connect=10.0)
     async with (
-        httpx2.AsyncClient(headers=dict(plan.headers), timeout=httpx2.Timeout(CALL_TIMEOUT, connect=10.0)) as http,
+        httpx2.AsyncClient(headers=dict(plan.headers), timeout=timeout, auth=auth) as http,
         streamable_http_client(plan.url, http_client=http) as streams,
     ):
         yield streams
+
+
+def _first(exc: BaseException, kind: type[ToolError]) -> ToolError | None:
+    """The first exception of ``kind`` in ``exc`` or (anyio task groups wrap) the groups inside it."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first(inner, kind)
+            if found is not None:
+                return found
+    return None
 
 
 def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
@@ -200,8 +231,11 @@ class ConnectorPool:
         count: Callable[[str | None], int] | None = None,
         admit: Callable[[ConnectorSpec], None] | None = None,
         failures: FailureLog | None = None,
+        http_auth: HttpAuthSource | None = None,
     ) -> None:
-        """``count`` counts processes against the caps when others than the pool's own run too (the relay's);
+        """``http_auth`` authenticates remote (Streamable HTTP) connectors.
+
+        ``count`` counts processes against the caps when others than the pool's own run too (the relay's);
         ``admit`` raises ``ToolError`` unless a spec may start now (its trust still holds on disk);
         ``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``."""
         self._limits = limits or PoolLimits()
@@ -213,6 +247,7 @@ class ConnectorPool:
         self._reaper: asyncio.Task[None] | None = None
         self._count = count or self.running
         self._admit = admit or (lambda spec: None)
+        self._http_auth = http_auth
 
     # -- facts ---------------------------------------------------------------------------------
 
@@ -242,6 +277,8 @@ class ConnectorPool:
 
     async def client(self, session_id: str, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> ClientSession:
         """The session's live client for ``spec``, spawning it if needed (bounded by the start timeout)."""
+        if spec.launch.transport == "http" and self._http_auth is not None:
+            self._http_auth.require(spec.id)  # a connector that needs a sign-in fails fast, with the remedy
         key = (session_id, spec.id)
         slot = self._slots.setdefault(key, _Slot())
         slot.last_used = self._clock()
@@ -341,16 +378,20 @@ class ConnectorPool:
         ready: asyncio.Future[ClientSession],
     ) -> None:
         """A Streamable HTTP connector: one MCP session per sidecar session, no process to supervise."""
+        auth = self._http_auth.auth_for(spec.id) if self._http_auth is not None else None
         try:
-            async with http_transport(plan) as (read, write), ClientSession(read, write) as session:
+            async with http_transport(plan, auth=auth) as (read, write), ClientSession(read, write) as session:
                 await asyncio.wait_for(session.initialize(), self._limits.start_timeout)
                 slot.client = session
                 ready.set_result(session)
                 await slot.stop.wait()
         except Exception as exc:
             reason = preview(f"{type(exc).__name__}: {exc}", 200, quote=False)
+            refused = _first(exc, ToolError)  # the auth's own verdict (a sign-in is needed) is the reason
+            if refused is not None:
+                reason = str(refused)
             if not ready.done():
-                ready.set_exception(ToolError(f"connector {spec.id} is not reachable: {reason}"))
+                ready.set_exception(refused or ToolError(f"connector {spec.id} is not reachable: {reason}"))
             logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
         finally:
             slot.client = None

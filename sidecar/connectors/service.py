@@ -24,7 +24,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
-from sidecar.connectors.pool import ConnectorPool, LaunchContext, PoolLimits
+from sidecar.connectors.pool import ConnectorPool, HttpAuthSource, LaunchContext, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_source
 from sidecar.connectors.upstream import Upstreams
 from sidecar.errors import SidecarError, ToolError
@@ -54,6 +54,7 @@ class ConnectorService:
         sessions: SessionStore,
         billing: BillingGate | None = None,
         deferral: Deferral | None = None,
+        http_auth: HttpAuthSource | None = None,
     ) -> None:
         self.manager = manager
         self._routes = routes
@@ -69,6 +70,7 @@ class ConnectorService:
             count=self.running,
             admit=manager.admit,
             failures=self.failures,
+            http_auth=http_auth,
         )
         self.upstreams = Upstreams(
             context=context,
@@ -194,6 +196,12 @@ class ConnectorService:
         connector = self.manager.untrust(connector_id)
         await self._withdraw(connector_id)
         return connector
+
+    async def disconnect(self, connector_id: str) -> None:
+        """Stop the connector's processes and connections in every session, aborting their calls; trust,
+        tools and route stay (its credentials were revoked: the next call fails fast or starts afresh)."""
+        await self.upstreams.close_connector(connector_id)
+        await self.pool.stop_connector(connector_id)
 
     def session_ended(self, session_id: str) -> None:
         self._background(self.pool.stop_session(session_id))

@@ -55,6 +55,8 @@ class StoredGrant(BaseModel):
     protected_resource: ProtectedResourceMetadata | None = None
     saved_at: float = 0.0
     """When this record was last written: the newest record of a (connector, account) is the current one."""
+    issued_at: float | None = None
+    """Epoch seconds when the tokens were issued: with ``expires_at``, their lifetime (refresh ahead of expiry)."""
 
 
 class CredentialTokenStorage:
@@ -65,9 +67,18 @@ class CredentialTokenStorage:
     """
 
     def __init__(
-        self, store: CredentialStore, *, connector: str, account: str, clock: Callable[[], float] = time.time
+        self,
+        store: CredentialStore,
+        *,
+        connector: str,
+        account: str,
+        clock: Callable[[], float] = time.time,
+        fresh_sign_in: bool = False,
     ) -> None:
+        """``fresh_sign_in``: hide the stored tokens from the provider, so it authorizes anew (a sign-in
+        over an existing grant keeps that grant usable until the new tokens replace it)."""
         self._store = store
+        self._fresh = fresh_sign_in
         self.connector = connector
         self.account = account
         self._clock = clock
@@ -82,7 +93,7 @@ class CredentialTokenStorage:
 
     async def get_tokens(self) -> OAuthToken | None:
         grant = await self._current_grant()
-        if grant is None or grant.tokens is None:
+        if grant is None or grant.tokens is None or self._fresh:
             return None
         if self._context is not None:
             # The provider is loading these tokens (``_initialize``): give it what it does not reload.
@@ -113,8 +124,40 @@ class CredentialTokenStorage:
         issuer = self._discovered_issuer() or (client.issuer if client else None) or self._origin()
         now = self._clock()
         expires_at = None if tokens.expires_in is None else now + tokens.expires_in
-        grant = StoredGrant(client=client, tokens=tokens, expires_at=expires_at, saved_at=now, **self._metadata())
+        grant = StoredGrant(
+            client=client, tokens=tokens, expires_at=expires_at, issued_at=now, saved_at=now, **self._metadata()
+        )
         await self._save(issuer, grant)
+
+    # -- for the broker, which holds the grant between sign-ins ------------------------------------
+
+    async def current(self) -> StoredGrant | None:
+        """The grant in use (re-read from the store: another instance may have written it)."""
+        self._grants = None
+        return await self._current_grant()
+
+    async def replace_tokens(self, tokens: OAuthToken) -> StoredGrant:
+        """Save refreshed tokens into the current grant, keeping its issuer, client and metadata."""
+        grants = await self._loaded()
+        if self._current is None or self._current not in grants:
+            raise StorageError(f"no OAuth grant of {self.connector} to refresh")
+        now = self._clock()
+        expires_at = None if tokens.expires_in is None else now + tokens.expires_in
+        grant = grants[self._current].model_copy(
+            update={"tokens": tokens, "expires_at": expires_at, "issued_at": now, "saved_at": now}
+        )
+        await self._save(self._current, grant)
+        return grant
+
+    async def clear_tokens(self) -> None:
+        """Drop the current grant's tokens, keeping its client registration (a new sign-in reuses it)."""
+        grants = await self._loaded()
+        if self._current is None or self._current not in grants:
+            return
+        grant = grants[self._current].model_copy(
+            update={"tokens": None, "expires_at": None, "issued_at": None, "saved_at": self._clock()}
+        )
+        await self._save(self._current, grant)
 
     # -- the records -------------------------------------------------------------------------------
 

@@ -1,0 +1,43 @@
+"""``sidecar connectors connect ID``: start a sign-in in the daemon, open the browser, wait for the outcome.
+
+The daemon runs the flow and receives the browser's answer on its own ``/oauth/callback``; this side
+only shows the URL, opens it (``webbrowser``, which honours ``$BROWSER``) and polls the connector's
+sign-in state (bounded) until it is ``ready`` or ``error``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import webbrowser
+from typing import Any, Final
+
+from sidecar.oauth.flow import check_authorization_url
+
+__all__ = ["connect"]
+
+POLL_INTERVAL: Final = 0.5
+
+
+def connect(client: Any, connector_id: str, *, browser: bool, timeout: float) -> int:
+    started = client.call("POST", f"/control/connectors/{connector_id}/connect")
+    url = started.get("authorization_url")
+    if url is None:
+        print(f"{connector_id}: no sign-in needed (sign-in state: {started.get('auth')})")
+        return 0
+    check_authorization_url(url)  # SECURITY: only https (or loopback http) reaches the browser
+    print(f"Sign in to {connector_id} in your browser:\n\n  {url}\n", flush=True)
+    if browser and not webbrowser.open(url):
+        print("(could not open a browser: open the URL above yourself)", file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = client.call("GET", f"/control/connectors/{connector_id}")
+        if found.get("auth") == "ready":
+            print(f"signed in to {connector_id}")
+            return 0
+        if found.get("auth") == "error":
+            print(f"sign-in to {connector_id} failed: {found.get('auth_reason')}", file=sys.stderr)
+            return 1
+        time.sleep(POLL_INTERVAL)
+    print(f"sign-in to {connector_id} did not finish within {timeout:g}s", file=sys.stderr)
+    return 1

@@ -1,0 +1,391 @@
+"""The daemon's OAuth broker: one per daemon, one grant per remote connector, sign-in out of band.
+
+- **Calls** reach a remote connector through ``auth_for(id)`` (a ``BrokerAuth`` over the connector's
+  ``GrantKeeper``, shared by every session); a connector without a grant fails fast with
+  ``NeedsAuthorization`` and the ``connect`` hint, never authorizing inside a tool call.
+- **Sign-in** (``connect``) runs the SDK's provider (``flow.build_provider``: discovery, registration,
+  PKCE S256 and the S256 rule, ``resource``, the ``iss`` check) in a task of its own, driven by
+  ``_CallbackDriver``: the authorization URL goes back to whoever asked (the CLI opens a browser),
+  and the code comes in on the daemon's own ``/oauth/callback``, matched by ``state`` (single use).
+  One pending flow per connector (a second ``connect`` joins it); a flow ends after ``FLOW_TIMEOUT``.
+- **Revocation** deletes the local credentials at once, tells the daemon to stop the connector's
+  connections in every session (``on_revoked``), then revokes remotely (RFC 7009: the refresh token,
+  then the access token) where the AS metadata names a ``revocation_endpoint``, retrying in the
+  background a bounded number of times.
+
+Audit records (``oauth.connect``, ``oauth.refresh_failed``, ``oauth.revoke``) name the connector and
+the outcome, never a token, a code or a state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import parse_qs, urlsplit
+
+import anyio.to_thread
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
+from pydantic import AnyUrl
+
+from sidecar.errors import Conflict
+from sidecar.oauth.flow import AuthorizationRefused, build_provider
+from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
+from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
+from sidecar.store.credentials import CredentialStore
+from sidecar.text import preview
+
+__all__ = ["ACCOUNT", "CALLBACK_PATH", "FLOW_TIMEOUT", "Broker", "PreRegistered"]
+
+logger = logging.getLogger(__name__)
+
+CALLBACK_PATH: Final = "/oauth/callback"
+ACCOUNT: Final = "default"
+FLOW_TIMEOUT: Final = 600.0
+"""Seconds a sign-in may take, browser included, before its flow ends."""
+URL_TIMEOUT: Final = 60.0
+"""Seconds ``connect`` waits for discovery and registration to produce the authorization URL."""
+CALLBACK_WAIT: Final = 20.0
+"""Seconds the callback page waits for the token exchange, to say whether the sign-in worked."""
+HTTP_TIMEOUT: Final = 30.0
+REVOKE_TRIES: Final = 5
+REVOKE_BACKOFF: Final = 2.0
+"""Seconds before the second remote revocation attempt, doubling after each failure."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreRegistered:
+    """A client registered with the AS beforehand (the user's ``"oauth"`` entry), used instead of DCR."""
+
+    client_id: str
+    client_secret: str | None = None
+    scopes: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Flow:
+    id: str
+    connector_id: str
+    url: asyncio.Future[str | None]
+    result: asyncio.Future[AuthorizationCodeResult]
+    task: asyncio.Task[None] | None = None
+    state_key: bytes | None = None
+    outcome: str | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+Audit = Callable[..., object]
+
+
+class Broker:
+    """Every remote connector's grant and sign-in; one per daemon (the app's ``oauth`` subsystem)."""
+
+    def __init__(
+        self,
+        store: CredentialStore,
+        *,
+        redirect_uri: Callable[[], str],
+        audit: Audit,
+        on_ready: Callable[[str], Awaitable[None]] | None = None,
+        on_revoked: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.store = store
+        self._redirect_uri = redirect_uri
+        self._audit = audit
+        self._on_ready = on_ready
+        self._on_revoked = on_revoked
+        self._keepers: dict[str, GrantKeeper] = {}
+        self._flows: dict[str, _Flow] = {}
+        self._by_state: dict[bytes, _Flow] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- for the connectors ----------------------------------------------------------------------
+
+    def keeper(self, connector_id: str) -> GrantKeeper:
+        keeper = self._keepers.get(connector_id)
+        if keeper is None:
+            storage = CredentialTokenStorage(self.store, connector=connector_id, account=ACCOUNT)
+            keeper = self._keepers[connector_id] = GrantKeeper(connector_id, storage, audit=self._audit)
+        return keeper
+
+    def auth_for(self, connector_id: str) -> httpx2.Auth:
+        return BrokerAuth(self.keeper(connector_id))
+
+    def require(self, connector_id: str) -> None:
+        """Fail fast (``NeedsAuthorization``) when the connector is known to need a sign-in it lacks."""
+        keeper = self._keepers.get(connector_id)
+        if keeper is not None and keeper.blocked():
+            raise NeedsAuthorization(connector_id)
+
+    def public(self, connector_id: str) -> dict[str, Any]:
+        """``auth`` (the sign-in state) and ``auth_reason`` for the control API."""
+        keeper = self._keepers.get(connector_id)
+        return keeper.public() if keeper is not None else {"auth": SignIn.NONE.value, "auth_reason": None}
+
+    def required(self, connector_id: str) -> None:
+        """The connector's config says it uses OAuth: without a grant it is ``unauthorized``, not ``none``."""
+        keeper = self.keeper(connector_id)
+        if keeper.state is SignIn.NONE:
+            keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
+
+    # -- sign-in ---------------------------------------------------------------------------------
+
+    async def connect(
+        self,
+        connector_id: str,
+        *,
+        url: str,
+        headers: Mapping[str, str],
+        client: PreRegistered | None = None,
+    ) -> dict[str, Any]:
+        """Start (or join) the connector's sign-in; return ``{"authorization_url", "flow"}``.
+
+        ``authorization_url`` is None when the server let us in without one (no sign-in needed, or the
+        stored grant still works). Raises ``AuthorizationRefused`` when the server is unsafe to sign in
+        to (e.g. its AS lacks S256), before any URL is handed out.
+        """
+        flow = self._flows.get(connector_id)
+        if flow is None:
+            loop = asyncio.get_running_loop()
+            flow = _Flow(secrets.token_urlsafe(16), connector_id, loop.create_future(), loop.create_future())
+            self._flows[connector_id] = flow
+            keeper = self.keeper(connector_id)
+            keeper.set_state(SignIn.STARTING)
+            run = self._run(flow, keeper, url, dict(headers), client)
+            flow.task = loop.create_task(run, name=f"sign-in-{connector_id}")
+        try:
+            authorization_url = await asyncio.wait_for(asyncio.shield(flow.url), URL_TIMEOUT)
+        except TimeoutError:
+            raise Conflict(f"the sign-in of {connector_id} did not produce an authorization URL in time") from None
+        return {"authorization_url": authorization_url, "flow": flow.id, **self.public(connector_id)}
+
+    async def _run(
+        self, flow: _Flow, keeper: GrantKeeper, url: str, headers: dict[str, str], client: PreRegistered | None
+    ) -> None:
+        cid = flow.connector_id
+        storage = CredentialTokenStorage(self.store, connector=cid, account=ACCOUNT, fresh_sign_in=True)
+        redirect_uri = self._redirect_uri()
+        provider = build_provider(
+            url, storage=storage, driver=_CallbackDriver(self, flow), redirect_uri=redirect_uri, client_name="sidecar"
+        )
+        try:
+            if client is not None:
+                await _seed_client(storage, client, redirect_uri)
+                if client.scopes:
+                    provider.context.client_metadata.scope = " ".join(client.scopes)
+            async with (
+                asyncio.timeout(FLOW_TIMEOUT),
+                httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT) as http,
+                streamable_http_client(url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+        except BaseException as exc:
+            self._failed(flow, keeper, exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            if not flow.url.done():
+                flow.url.set_result(None)  # no sign-in was needed
+            await keeper.load()
+            if keeper.state is not SignIn.READY:
+                keeper.set_state(SignIn.NONE)
+            logger.info("sign-in of %s complete", cid)
+            self._audit("oauth.connect", connector=cid, outcome="ok")
+            if self._on_ready is not None:
+                try:  # before the flow is done: the callback page and the CLI see the connector usable
+                    await self._on_ready(cid)
+                except Exception as exc:  # the sign-in stands; the connector's own error says what failed
+                    logger.warning("after the sign-in of %s: %s", cid, _describe(exc))
+        finally:
+            if flow.state_key is not None:
+                self._by_state.pop(flow.state_key, None)
+            if self._flows.get(cid) is flow:
+                del self._flows[cid]
+            flow.done.set()
+
+    def _failed(self, flow: _Flow, keeper: GrantKeeper, exc: BaseException) -> None:
+        reason = _describe(exc)
+        if isinstance(exc, asyncio.CancelledError):
+            reason = "the sign-in was cancelled"
+        elif isinstance(exc, TimeoutError):
+            reason = f"the sign-in was not finished within {FLOW_TIMEOUT / 60:.0f} minutes"
+        failure = _find(exc, AuthorizationRefused) or AuthorizationRefused(f"the sign-in failed: {reason}")
+        if not flow.url.done():
+            flow.url.set_exception(failure)
+            flow.url.exception()  # retrieved: nobody may be waiting any more
+        if keeper.state is SignIn.STARTING:  # not revoked meanwhile
+            keeper.set_state(SignIn.ERROR, str(failure))
+        flow.outcome = str(failure)
+        logger.warning("sign-in of %s failed: %s", flow.connector_id, failure)
+        reason = preview(str(failure), 200, quote=False)
+        self._audit("oauth.connect", connector=flow.connector_id, outcome="error", reason=reason)
+
+    def _expect(self, flow: _Flow, state: str) -> None:
+        flow.state_key = hashlib.sha256(state.encode()).digest()
+        self._by_state[flow.state_key] = flow
+
+    async def complete(
+        self, *, state: str | None, code: str | None, iss: str | None, error: str | None
+    ) -> tuple[bool, str]:
+        """The browser came back to ``/oauth/callback``: hand the flow its code; (ok, what to tell the user)."""
+        if not state:
+            return False, "This page is only for finishing a sidecar sign-in; it was opened without one."
+        key = hashlib.sha256(state.encode()).digest()
+        flow = self._by_state.pop(key, None)  # SECURITY: single use; the state is 256 random bits from the SDK
+        if flow is None or flow.state_key is None or not hmac.compare_digest(flow.state_key, key):
+            return False, "This sign-in link is not valid any more (used, expired or unknown). Run the sign-in again."
+        if flow.result.done():
+            return False, "This sign-in has already been answered."
+        if error:
+            flow.result.set_exception(AuthorizationRefused(f"the authorization server answered {error[:64]!r}"))
+        elif not code:
+            flow.result.set_exception(AuthorizationRefused("the authorization server sent no code"))
+        else:
+            flow.result.set_result(AuthorizationCodeResult(code=code, state=state, iss=iss))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(flow.done.wait(), CALLBACK_WAIT)
+        cid = flow.connector_id
+        if self.keeper(cid).state is SignIn.READY:
+            return True, f"sidecar is signed in to {cid}. You can close this tab."
+        return False, f"The sign-in to {cid} did not complete: {flow.outcome or 'still in progress'}"
+
+    # -- revocation ------------------------------------------------------------------------------
+
+    async def revoke(self, connector_id: str) -> dict[str, Any]:
+        """Delete the connector's credentials now, stop its calls, and revoke them remotely (RFC 7009)."""
+        keeper = self.keeper(connector_id)
+        flow = self._flows.get(connector_id)
+        if flow is not None and flow.task is not None:
+            flow.task.cancel()
+        grant = await keeper.storage_grant()
+        keeper.forget("revoked by the user")
+        deleted = await anyio.to_thread.run_sync(self.store.delete_connector, connector_id)
+        if self._on_revoked is not None:
+            await self._on_revoked(connector_id)
+        remote = "nothing to revoke"
+        endpoint = _revocation_endpoint(grant)
+        if grant is not None and grant.tokens is not None:
+            remote = "not supported by the authorization server"
+            if endpoint is not None:
+                remote = "revoked" if await self._revoke_remote(connector_id, endpoint, grant) else "retrying"
+                if remote == "retrying":
+                    self._spawn(self._revoke_later(connector_id, endpoint, grant))
+        self._audit("oauth.revoke", connector=connector_id, records=deleted, remote=remote)
+        return {"revoked": connector_id, "deleted": deleted, "remote": remote, **keeper.public()}
+
+    async def _revoke_remote(self, connector_id: str, endpoint: str, grant: StoredGrant) -> bool:
+        """One attempt: refresh token, then access token (RFC 7009 §2.1); True when the AS took both."""
+        tokens = grant.tokens
+        if tokens is None:
+            return True
+        pending = [(tokens.refresh_token, "refresh_token"), (tokens.access_token, "access_token")]
+        try:
+            async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
+                for value, hint in pending:
+                    if value is None:
+                        continue
+                    data, headers = client_auth(grant, {"token": value, "token_type_hint": hint})
+                    response = await http.post(endpoint, data=data, headers=headers)
+                    if response.status_code >= 500 or response.status_code == 429:
+                        return False  # RFC 7009 §2.2.1: 503 means try again later
+                    if response.status_code != 200:
+                        logger.warning("revocation at the AS of %s answered %d", connector_id, response.status_code)
+        except httpx2.HTTPError as exc:
+            logger.warning("revocation for %s failed: %s", connector_id, type(exc).__name__)
+            return False
+        return True
+
+    async def _revoke_later(self, connector_id: str, endpoint: str, grant: StoredGrant) -> None:
+        delay = REVOKE_BACKOFF
+        for _ in range(REVOKE_TRIES - 1):
+            await asyncio.sleep(delay)
+            if await self._revoke_remote(connector_id, endpoint, grant):
+                self._audit("oauth.revoke", connector=connector_id, remote="revoked")
+                return
+            delay *= 2
+        self._audit("oauth.revoke", connector=connector_id, remote="gave up")
+        logger.warning("gave up revoking the tokens of %s at its authorization server", connector_id)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def _spawn(self, coroutine: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Cancel pending sign-ins and background revocations (bounded: they only wait on the network)."""
+        pending = [f.task for f in self._flows.values() if f.task is not None] + list(self._tasks)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+
+
+class _CallbackDriver:
+    """Hands the authorization URL to ``connect``'s caller, then waits for ``/oauth/callback``."""
+
+    def __init__(self, broker: Broker, flow: _Flow) -> None:
+        self._broker = broker
+        self._flow = flow
+
+    async def authorize(self, url: str) -> AuthorizationCodeResult:
+        state = parse_qs(urlsplit(url).query).get("state", [None])[0]
+        if not state:
+            raise AuthorizationRefused("the authorization URL carries no state")
+        self._broker._expect(self._flow, state)
+        if not self._flow.url.done():
+            self._flow.url.set_result(url)
+        return await self._flow.result  # bounded by the flow's own timeout
+
+
+async def _seed_client(storage: CredentialTokenStorage, client: PreRegistered, redirect_uri: str) -> None:
+    """Store the pre-registered client before the first request, which skips registration (the SDK's way)."""
+    current = await storage.get_client_info()
+    if current is not None and current.client_id == client.client_id and current.client_secret == client.client_secret:
+        return
+    await storage.set_client_info(
+        OAuthClientInformationFull(
+            client_id=client.client_id,
+            client_secret=client.client_secret,
+            redirect_uris=[AnyUrl(redirect_uri)],
+            token_endpoint_auth_method="client_secret_basic" if client.client_secret else "none",
+            grant_types=["authorization_code", "refresh_token"],
+            response_types=["code"],
+            scope=" ".join(client.scopes) or None,
+        )
+    )
+
+
+def _revocation_endpoint(grant: StoredGrant | None) -> str | None:
+    if grant is None or grant.authorization_server is None:
+        return None
+    endpoint = grant.authorization_server.revocation_endpoint
+    return str(endpoint) if endpoint is not None else None
+
+
+def _find(exc: BaseException, kind: type[AuthorizationRefused]) -> AuthorizationRefused | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return preview(f"{type(exc).__name__}: {exc}", 200, quote=False)

