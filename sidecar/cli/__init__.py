@@ -92,7 +92,15 @@ def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_session_new(args: argparse.Namespace, paths: Paths) -> int:
-    from sidecar.cli.formats import render
+    from sidecar.cli.formats import render, render_env_refs
+
+    if args.env_refs:
+        try:
+            print(json.dumps(render_env_refs(args.format, connector=args.connector), indent=2))
+        except ValueError as exc:
+            print(f"sidecar: {exc}", file=sys.stderr)
+            return 2
+        return 0
 
     workspace = str(Path(args.workspace or os.getcwd()).absolute())
     body = session_body(args, workspace=workspace, project=args.project)
@@ -326,6 +334,12 @@ def _session_commands(sub: Any) -> None:
     new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
     add_session_options(new)
     new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
+    new.add_argument(
+        "--env-refs",
+        action="store_true",
+        help="print a config that names sidecar exec's environment variables instead of holding secrets (it can "
+        "be committed; run the agent with sidecar exec). No session is created. claude-code only",
+    )
     _command(group, "list", cmd_session_list, "list live sessions", json=True)
     end = _command(group, "end", cmd_session_end, "end a session and abort its in-flight calls", json=True)
     end.add_argument("session_id")

@@ -17,11 +17,13 @@ from urllib.parse import urlsplit
 
 from sidecar.names import CONNECTOR_ID
 
-__all__ = ["FORMATS", "render", "server_name"]
+__all__ = ["ENV_REF_FORMATS", "FORMATS", "render", "render_env_refs", "server_name"]
 
 SERVER_NAME: Final = "sidecar"
 FORMATS: Final = ("raw", "claude-code", "cursor", "vscode", "claude-desktop")
 _CONNECTOR_PATH: Final = "/mcp/connectors/"
+ENV_REF_FORMATS: Final = ("claude-code",)
+"""Hosts that expand ``${VAR}`` in their MCP config (Claude Code's ``.mcp.json`` does, in url and headers)."""
 
 
 def server_name(url: str) -> str:
@@ -68,3 +70,18 @@ def render(fmt: str, session: dict[str, Any]) -> dict[str, Any]:
             }
         }
     raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+
+
+def render_env_refs(fmt: str, *, connector: str | None = None) -> dict[str, Any]:
+    """A configuration that names ``sidecar exec``'s variables instead of holding secrets.
+
+    It can be committed to a repository: the agent started with ``sidecar exec -- <agent>`` finds the
+    daemon's origin, its route token and its session envelope in its environment, and the host expands
+    them. No session is created for it.
+    """
+    if fmt not in ENV_REF_FORMATS:
+        raise ValueError(f"--env-refs needs a host that expands ${{VAR}} in its config: {', '.join(ENV_REF_FORMATS)}")
+    path = f"{_CONNECTOR_PATH}{connector}" if connector is not None else "/mcp"
+    url = "${SIDECAR_LOCAL_MCP_ORIGIN}" + path
+    headers = {"Authorization": "${SIDECAR_LOCAL_MCP_AUTHORIZATION}", "X-Sidecar-Context": "${SIDECAR_MCP_CONTEXT}"}
+    return {"mcpServers": {server_name(path): {"type": "http", "url": url, "headers": headers}}}

@@ -144,3 +144,42 @@ def test_an_agent_that_cannot_start_is_a_clear_error_and_leaves_no_session(
 
     missing = _exec(daemon_process, cwd=tmp_path)
     assert missing.returncode == 1 and "sidecar exec -- claude" in missing.stderr
+
+
+HOST: Final = textwrap.dedent(
+    """
+    import asyncio, json, os, re, sys
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    def expand(text: str) -> str:  # what a host that reads ${VAR} in its MCP config does
+        return re.sub(r"\\$\\{([A-Z_]+)\\}", lambda m: os.environ[m.group(1)], text)
+
+    async def main() -> None:
+        entry = json.load(open(sys.argv[1]))["mcpServers"]["sidecar"]
+        headers = {name: expand(value) for name, value in entry["headers"].items()}
+        async with httpx2.AsyncClient(headers=headers) as http:
+            async with Client(streamable_http_client(expand(entry["url"]), http_client=http)) as client:
+                result = await client.call_tool("calculate", {"expression": "2**5"})
+                print("host got", result.content[0].text)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_a_committed_config_with_env_refs_works_under_sidecar_exec(
+    daemon_process: DaemonProcess, tmp_path: Path
+) -> None:
+    template = daemon_process.cli("session", "new", "--format", "claude-code", "--env-refs").stdout
+    assert "Bearer" not in template and "v1." not in template  # nothing secret: it may be committed
+    assert _sessions(daemon_process).strip() == "[]"  # and no session was made for it
+    (tmp_path / ".mcp.json").write_text(template)
+    host = tmp_path / "host.py"
+    host.write_text(HOST)
+
+    done = _exec(daemon_process, "--", sys.executable, str(host), str(tmp_path / ".mcp.json"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "host got 32" in done.stdout
+    assert _sessions(daemon_process).strip() == "[]"

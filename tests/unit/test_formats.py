@@ -135,3 +135,21 @@ def test_every_host_format_names_a_connectors_entry_after_it(fmt: str, created: 
     assert list(own) == [key]
     assert list(bus[key]) == ["sidecar"] and list(own[key]) == ["sidecar-workspace"]
     assert {**bus[key], **own[key]}.keys() == {"sidecar", "sidecar-workspace"}  # merged, neither replaced
+
+
+def test_env_refs_name_sidecar_execs_variables_and_hold_no_secret() -> None:
+    from sidecar.cli.formats import render_env_refs
+
+    bus = render_env_refs("claude-code")["mcpServers"]["sidecar"]
+    assert bus == {
+        "type": "http",
+        "url": "${SIDECAR_LOCAL_MCP_ORIGIN}/mcp",
+        "headers": {
+            "Authorization": "${SIDECAR_LOCAL_MCP_AUTHORIZATION}",
+            "X-Sidecar-Context": "${SIDECAR_MCP_CONTEXT}",
+        },
+    }
+    own = render_env_refs("claude-code", connector="echo")["mcpServers"]
+    assert list(own) == ["sidecar-echo"] and own["sidecar-echo"]["url"].endswith("/mcp/connectors/echo")
+    with pytest.raises(ValueError, match="claude-code"):
+        render_env_refs("cursor")
