@@ -124,7 +124,12 @@ def build_app(
 async def _store(app: web.Application) -> AsyncIterator[None]:
     paths, runtime = app[PATHS], app[RUNTIME]
     audit = app[AUDIT] = AuditLog(paths.audit_file)
-    app[TRUST] = TrustStore(paths.state / "approvals.json", on_event=lambda event, fields: _audit(audit, event, fields))
+    app[TRUST] = TrustStore(
+        paths.state / "approvals.json",
+        on_event=lambda event, fields: _audit(audit, event, fields),
+        root=paths.state,
+        guarded=(paths.config,),
+    )
     audit.append("daemon.start", pid=runtime.pid)
     yield
     audit.append("daemon.stop", pid=runtime.pid)

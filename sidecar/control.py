@@ -15,7 +15,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
-from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTIME, SESSIONS, SETTINGS
+from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, ROUTES, RUNTIME, SESSIONS, SETTINGS, TRUST
 from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.names import PROXY_ROUTE, connector_route
@@ -80,6 +80,7 @@ async def status(request: web.Request) -> web.Response:
             "storage": {"credentials": "none stored yet", "insecure": False},
             "pending_approvals": len(app[APPROVALS].list()),
             "billing_problems": app[BILLING].problems(),
+            "trust_store_problem": app[TRUST].recheck(),
         }
     )
 

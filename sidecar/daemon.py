@@ -1,5 +1,10 @@
 """Process lifecycle: one daemon per home, bind 127.0.0.1, write runtime.json, stop gracefully.
 
+The state directory must be safe along its whole path (``check_directory_chain``: ours, private, and no
+directory above it that another user may change): the daemon writes its control token there, so it
+refuses to start otherwise, saying which directory and how to fix it. An unsafe config directory does not
+stop it: the trust store refuses to take trust while it lasts, and ``sidecar status`` says why.
+
 Single instance: an exclusive ``flock`` on ``<state>/daemon.lock`` is held for the daemon's life. A
 second daemon cannot take it and refuses to start, naming the first; when the holder dies the kernel
 releases the lock, so a stale ``runtime.json`` (dead pid) is simply replaced.
@@ -19,6 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 from aiohttp import web
@@ -29,10 +35,10 @@ from sidecar.appkeys import Runtime
 from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import LOOPBACK_HOST, Settings
-from sidecar.errors import Conflict
+from sidecar.errors import Conflict, StorageError
 from sidecar.http import JsonErrorRunner
 from sidecar.paths import Paths
-from sidecar.store.files import ensure_private_dir, remove_quietly, write_json
+from sidecar.store.files import check_directory_chain, ensure_private_dir, remove_quietly, write_json
 from sidecar.store.runtime import read_runtime
 
 __all__ = ["serve"]
@@ -43,6 +49,8 @@ logger = logging.getLogger(__name__)
 @contextlib.contextmanager
 def _single_instance(paths: Paths) -> Iterator[IO[bytes]]:
     ensure_private_dir(paths.state)
+    # SECURITY: runtime.json (the control token) goes here; never into a directory others may change.
+    check_directory_chain(paths.state)
     fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     handle = os.fdopen(fd, "r+b")
     try:
@@ -55,6 +63,15 @@ def _single_instance(paths: Paths) -> Iterator[IO[bytes]]:
         yield handle
     finally:
         handle.close()
+
+
+def _ensure_directory(path: Path) -> None:
+    """Create one of the user's own directories (0700) if missing; one that is unsafe is reported, left as
+    it is (evidence), and refused by whatever reads trust or writes a file there."""
+    try:
+        ensure_private_dir(path)
+    except StorageError as exc:
+        logger.warning("%s; sidecar takes no trust from it and writes nothing there until it is fixed", exc)
 
 
 def _listening_port(runner: web.AppRunner) -> int:
@@ -78,8 +95,8 @@ async def serve(
     start-up is done (``sidecar.tuning``).
     """
     with _single_instance(paths):
-        ensure_private_dir(paths.config)
-        ensure_private_dir(paths.data)
+        for directory in (paths.config, paths.data):
+            _ensure_directory(directory)
         control_token = mint_token()
         runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))
         app = build_app(settings, paths, runtime, registry=registry)
