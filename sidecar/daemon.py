@@ -12,6 +12,11 @@ releases the lock, so a stale ``runtime.json`` (dead pid) is simply replaced.
 ``runtime.json`` (0600) is written only after the socket listens, and removed on stop. SIGINT and
 SIGTERM (or ``POST /control/stop``) stop the daemon: routes are revoked (in-flight requests abort),
 then the server closes, all within ``shutdown_timeout`` seconds.
+
+``sidecar serve`` (``dedicated=True``) makes the daemon the child subreaper of its connectors' trees
+(``connectors.orphans``): whatever a connector double-forks is adopted, reaped, and killed with its
+connector, and nothing it adopted outlives the stop. A process that merely hosts ``serve()`` (the test
+runner) is not made one: it has other children, whose orphans and exit statuses are not the daemon's.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from sidecar.appkeys import Runtime
 from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import LOOPBACK_HOST, Settings
+from sidecar.connectors.orphans import ORPHANAGE
 from sidecar.errors import Conflict, StorageError
 from sidecar.http import JsonErrorRunner
 from sidecar.paths import Paths
@@ -74,6 +80,56 @@ def _ensure_directory(path: Path) -> None:
         logger.warning("%s; sidecar takes no trust from it and writes nothing there until it is fixed", exc)
 
 
+async def _run(
+    runner: web.AppRunner,
+    settings: Settings,
+    paths: Paths,
+    runtime: Runtime,
+    control_token: str,
+    *,
+    ready: asyncio.Event | None,
+    dedicated: bool,
+) -> None:
+    """Listen, write runtime.json, wait for the stop, then clean up (bounded)."""
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    try:
+        site = web.TCPSite(runner, LOOPBACK_HOST, settings.port, reuse_address=True)
+        await site.start()
+        runtime.port = _listening_port(runner)
+        url = f"http://{LOOPBACK_HOST}:{runtime.port}"
+        # Handlers first: once runtime.json exists, a service manager may signal us at any moment.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, runtime.request_stop)
+        write_json(
+            paths.runtime_file,
+            {
+                "pid": runtime.pid,
+                "url": url,
+                "port": runtime.port,
+                "control_token": control_token,
+                "started_at": runtime.started_at,
+                "version": __version__,
+            },
+        )
+        logger.info("sidecar %s listening on %s/mcp", __version__, url)
+        tuning.settle(dedicated=dedicated)
+        if ready is not None:
+            ready.set()
+        await runtime.stop_event.wait()
+        logger.info("stopping")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        remove_quietly(paths.runtime_file)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(runner.cleanup(), settings.shutdown_timeout + 5)
+        except TimeoutError:
+            logger.warning("shutdown took longer than %.0fs; exiting anyway", settings.shutdown_timeout + 5)
+        logger.info("stopped in %.2fs", time.monotonic() - started)
+
+
 def _listening_port(runner: web.AppRunner) -> int:
     for address in runner.addresses:
         if isinstance(address, tuple) and len(address) == 2:  # (host, port): the IPv4 socket
@@ -97,6 +153,9 @@ async def serve(
     with _single_instance(paths):
         for directory in (paths.config, paths.data):
             _ensure_directory(directory)
+        if dedicated:
+            # Before anything is spawned. Only here: a subreaper is process-wide (connectors.orphans).
+            ORPHANAGE.activate()
         control_token = mint_token()
         runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))
         app = build_app(settings, paths, runtime, registry=registry)
@@ -112,41 +171,8 @@ async def serve(
             keepalive_timeout=limits.keepalive_timeout,
             head_timeout=limits.head_read_timeout,
         )
-        await runner.setup()
-        loop = asyncio.get_running_loop()
-        try:
-            site = web.TCPSite(runner, LOOPBACK_HOST, settings.port, reuse_address=True)
-            await site.start()
-            runtime.port = _listening_port(runner)
-            url = f"http://{LOOPBACK_HOST}:{runtime.port}"
-            # Handlers first: once runtime.json exists, a service manager may signal us at any moment.
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, runtime.request_stop)
-            write_json(
-                paths.runtime_file,
-                {
-                    "pid": runtime.pid,
-                    "url": url,
-                    "port": runtime.port,
-                    "control_token": control_token,
-                    "started_at": runtime.started_at,
-                    "version": __version__,
-                },
-            )
-            logger.info("sidecar %s listening on %s/mcp", __version__, url)
-            tuning.settle(dedicated=dedicated)
-            if ready is not None:
-                ready.set()
-            await runtime.stop_event.wait()
-            logger.info("stopping")
-        finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
-            remove_quietly(paths.runtime_file)
-            started = time.monotonic()
-            try:
-                await asyncio.wait_for(runner.cleanup(), settings.shutdown_timeout + 5)
-            except TimeoutError:
-                logger.warning("shutdown took longer than %.0fs; exiting anyway", settings.shutdown_timeout + 5)
-            logger.info("stopped in %.2fs", time.monotonic() - started)
+        # The sweeps reap what the daemon adopted while it runs; at the end (after every connector
+        # stopped) whatever it adopted and still runs is killed.
+        async with ORPHANAGE.sweeping():
+            await _run(runner, settings, paths, runtime, control_token, ready=ready, dedicated=dedicated)
     return 0
