@@ -210,6 +210,10 @@ def _serialize(records: Mapping[str, TrustRecord]) -> bytes:
 # --- the store -----------------------------------------------------------------------------------------
 
 
+class _UnsafePath(StorageError):
+    """A directory on the store's path is unsafe (not the file itself): the remedy is the directory's."""
+
+
 class TrustStore:
     """The trust store at ``path``. Loads on construction and never raises there for a bad file."""
 
@@ -344,7 +348,7 @@ class TrustStore:
         except OSError as exc:
             raise StorageError(f"cannot check the directories above {self._path} ({exc.strerror or exc})") from exc
         except StorageError as exc:
-            raise StorageError(f"{exc}; no trust is taken from {self._path} until it is fixed") from exc
+            raise _UnsafePath(f"{exc}; no trust is taken from {self._path} until it is fixed") from exc
         try:
             raw = read_private(self._path, max_bytes=_MAX_BYTES)
         except FileNotFoundError:
@@ -392,6 +396,9 @@ class TrustStore:
         """Re-read the file before changing it; refuse to write over a refused file. Returns its bytes."""
         try:
             _, raw = self._refresh()
+        except _UnsafePath as exc:
+            # SECURITY: nothing goes into a directory others may change.
+            raise StorageError(f"{exc}; nothing is written there meanwhile") from exc
         except StorageError as exc:
             # SECURITY: never overwrite evidence of tampering (or a user's half-finished edit).
             raise StorageError(f"{exc}; fix or remove {self._path} first") from exc

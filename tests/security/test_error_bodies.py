@@ -158,8 +158,10 @@ async def test_an_unknown_path_is_a_json_404_that_does_not_echo_it(front: Front)
 
 async def test_a_method_the_route_does_not_take_is_a_json_405_that_does_not_echo_it(front: Front) -> None:
     request = _encode([("Host", f"127.0.0.1:{front.port}")], b"", method="PATCH", target="/healthz")
+    before = front.daemon.audit_bytes()
     reply = await _send(front.port, request)
     body = _assert_inert(reply, status=405)
+    assert front.daemon.audit_bytes() == before
     assert body == {"error": {"code": "method_not_allowed", "message": "Method Not Allowed"}}
     assert b"PATCH" not in reply.body
     assert reply.headers.get("allow") == "GET,HEAD", reply.headers  # what is allowed, not what was sent
@@ -186,8 +188,10 @@ async def test_a_control_path_naming_nothing_is_refused_inertly(front: Front, me
     # These names help a user who mistyped one, so an answer may show one, escaped and cut short; the
     # 4 KiB and the markup never come back.
     headers: Headers = [("Host", f"127.0.0.1:{front.port}"), ("Authorization", f"Bearer {front.daemon.control_token}")]
+    before = front.daemon.audit_bytes()
     reply = await _send(front.port, _encode(headers, b"", method=method, target=target))
     assert reply.status == 404, reply
+    assert front.daemon.audit_bytes() == before, "a refused control request wrote to the audit log"
     assert reply.headers.get("x-content-type-options") == "nosniff"
     assert len(reply.body) <= 300, reply.body
     assert all(0x20 <= byte < 0x7F for byte in reply.body) and b"<" not in reply.body, reply.body
