@@ -72,7 +72,7 @@ from sidecar.edge.endpoint import McpEndpoint
 from sidecar.edge.mcp import ChangeHub, build_mcp_server
 from sidecar.edge.relay import Relay
 from sidecar.edge.rest import RestFacade, add_rest_routes
-from sidecar.http import error_middleware, json_response
+from sidecar.http import add_security_headers, error_middleware, json_response
 from sidecar.names import PROXY_ROUTE
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.oauth.broker import CALLBACK_PATH, Broker
@@ -138,6 +138,7 @@ def build_app(
     app.cleanup_ctx.extend([_store, _auth, _bus(registry or ToolRegistry()), _oauth, _connectors, _edge])
     app.on_shutdown.append(_revoke_all)  # before aiohttp waits for open handlers: streams don't hold the stop
     app.on_response_prepare.append(add_vary_origin)
+    app.on_response_prepare.append(add_security_headers)
     _add_routes(app)
     return app
 
@@ -145,7 +146,12 @@ def build_app(
 async def _store(app: web.Application) -> AsyncIterator[None]:
     paths, runtime = app[PATHS], app[RUNTIME]
     audit = app[AUDIT] = AuditLog(paths.audit_file)
-    app[TRUST] = TrustStore(paths.state / "approvals.json", on_event=lambda event, fields: _audit(audit, event, fields))
+    app[TRUST] = TrustStore(
+        paths.state / "approvals.json",
+        on_event=lambda event, fields: _audit(audit, event, fields),
+        root=paths.state,
+        guarded=(paths.config,),
+    )
     audit.append("daemon.start", pid=runtime.pid)
     yield
     audit.append("daemon.stop", pid=runtime.pid)

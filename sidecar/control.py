@@ -22,6 +22,7 @@ from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
 from sidecar.net.body import read_json
+from sidecar.text import preview
 from sidecar.validation import render_errors
 
 __all__ = ["add_control_routes"]
@@ -92,6 +93,7 @@ async def status(request: web.Request) -> web.Response:
             "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
             "pending_approvals": len(app[APPROVALS].list()),
             "billing_problems": app[BILLING].problems(),
+            "trust_store_problem": app[TRUST].recheck(),
         }
     )
 
@@ -121,7 +123,7 @@ async def create_session(request: web.Request) -> web.Response:
         url = f"{url}/connectors/{spec.connector}"
         if route is None:
             app[SESSIONS].end(session.id)
-            raise NotFound(f"connector {spec.connector!r} is not trusted (no route /mcp/connectors/{spec.connector})")
+            raise NotFound(f"connector {preview(spec.connector, 64)} is not trusted (it has no route of its own)")
     if route is None:
         raise RequestRejected("the MCP route is not registered (daemon stopping?)")
     payload: dict[str, Any] = {

@@ -1,5 +1,10 @@
 """Process lifecycle: one daemon per home, bind 127.0.0.1, write runtime.json, stop gracefully.
 
+The state directory must be safe along its whole path (``check_directory_chain``: ours, private, and no
+directory above it that another user may change): the daemon writes its control token there, so it
+refuses to start otherwise, saying which directory and how to fix it. An unsafe config directory does not
+stop it: the trust store refuses to take trust while it lasts, and ``sidecar status`` says why.
+
 Single instance: an exclusive ``flock`` on ``<state>/daemon.lock`` is held for the daemon's life. A
 second daemon cannot take it and refuses to start, naming the first; when the holder dies the kernel
 releases the lock, so a stale ``runtime.json`` (dead pid) is simply replaced.
@@ -7,6 +12,11 @@ releases the lock, so a stale ``runtime.json`` (dead pid) is simply replaced.
 ``runtime.json`` (0600) is written only after the socket listens, and removed on stop. SIGINT and
 SIGTERM (or ``POST /control/stop``) stop the daemon: routes are revoked (in-flight requests abort),
 then the server closes, all within ``shutdown_timeout`` seconds.
+
+``sidecar serve`` (``dedicated=True``) makes the daemon the child subreaper of its connectors' trees
+(``connectors.orphans``): whatever a connector double-forks is adopted, reaped, and killed with its
+connector, and nothing it adopted outlives the stop. A process that merely hosts ``serve()`` (the test
+runner) is not made one: it has other children, whose orphans and exit statuses are not the daemon's.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import IO
 
 from aiohttp import web
@@ -29,10 +40,11 @@ from sidecar.appkeys import Runtime
 from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import LOOPBACK_HOST, Settings
-from sidecar.errors import Conflict
+from sidecar.connectors.orphans import ORPHANAGE
+from sidecar.errors import Conflict, StorageError
 from sidecar.http import JsonErrorRunner
 from sidecar.paths import Paths
-from sidecar.store.files import ensure_private_dir, remove_quietly, write_json
+from sidecar.store.files import check_directory_chain, ensure_private_dir, remove_quietly, write_json
 from sidecar.store.runtime import read_runtime
 
 __all__ = ["serve"]
@@ -43,6 +55,8 @@ logger = logging.getLogger(__name__)
 @contextlib.contextmanager
 def _single_instance(paths: Paths) -> Iterator[IO[bytes]]:
     ensure_private_dir(paths.state)
+    # SECURITY: runtime.json (the control token) goes here; never into a directory others may change.
+    check_directory_chain(paths.state)
     fd = os.open(paths.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     handle = os.fdopen(fd, "r+b")
     try:
@@ -55,6 +69,65 @@ def _single_instance(paths: Paths) -> Iterator[IO[bytes]]:
         yield handle
     finally:
         handle.close()
+
+
+def _ensure_directory(path: Path) -> None:
+    """Create one of the user's own directories (0700) if missing; one that is unsafe is reported, left as
+    it is (evidence), and refused by whatever reads trust or writes a file there."""
+    try:
+        ensure_private_dir(path)
+    except StorageError as exc:
+        logger.warning("%s; sidecar takes no trust from it and writes nothing there until it is fixed", exc)
+
+
+async def _run(
+    runner: web.AppRunner,
+    settings: Settings,
+    paths: Paths,
+    runtime: Runtime,
+    control_token: str,
+    *,
+    ready: asyncio.Event | None,
+    dedicated: bool,
+) -> None:
+    """Listen, write runtime.json, wait for the stop, then clean up (bounded)."""
+    await runner.setup()
+    loop = asyncio.get_running_loop()
+    try:
+        site = web.TCPSite(runner, LOOPBACK_HOST, settings.port, reuse_address=True)
+        await site.start()
+        runtime.port = _listening_port(runner)
+        url = f"http://{LOOPBACK_HOST}:{runtime.port}"
+        # Handlers first: once runtime.json exists, a service manager may signal us at any moment.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, runtime.request_stop)
+        write_json(
+            paths.runtime_file,
+            {
+                "pid": runtime.pid,
+                "url": url,
+                "port": runtime.port,
+                "control_token": control_token,
+                "started_at": runtime.started_at,
+                "version": __version__,
+            },
+        )
+        logger.info("sidecar %s listening on %s/mcp", __version__, url)
+        tuning.settle(dedicated=dedicated)
+        if ready is not None:
+            ready.set()
+        await runtime.stop_event.wait()
+        logger.info("stopping")
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        remove_quietly(paths.runtime_file)
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(runner.cleanup(), settings.shutdown_timeout + 5)
+        except TimeoutError:
+            logger.warning("shutdown took longer than %.0fs; exiting anyway", settings.shutdown_timeout + 5)
+        logger.info("stopped in %.2fs", time.monotonic() - started)
 
 
 def _listening_port(runner: web.AppRunner) -> int:
@@ -78,8 +151,11 @@ async def serve(
     start-up is done (``sidecar.tuning``).
     """
     with _single_instance(paths):
-        ensure_private_dir(paths.config)
-        ensure_private_dir(paths.data)
+        for directory in (paths.config, paths.data):
+            _ensure_directory(directory)
+        if dedicated:
+            # Before anything is spawned. Only here: a subreaper is process-wide (connectors.orphans).
+            ORPHANAGE.activate()
         control_token = mint_token()
         runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))
         app = build_app(settings, paths, runtime, registry=registry)
@@ -95,41 +171,8 @@ async def serve(
             keepalive_timeout=limits.keepalive_timeout,
             head_timeout=limits.head_read_timeout,
         )
-        await runner.setup()
-        loop = asyncio.get_running_loop()
-        try:
-            site = web.TCPSite(runner, LOOPBACK_HOST, settings.port, reuse_address=True)
-            await site.start()
-            runtime.port = _listening_port(runner)
-            url = f"http://{LOOPBACK_HOST}:{runtime.port}"
-            # Handlers first: once runtime.json exists, a service manager may signal us at any moment.
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(signum, runtime.request_stop)
-            write_json(
-                paths.runtime_file,
-                {
-                    "pid": runtime.pid,
-                    "url": url,
-                    "port": runtime.port,
-                    "control_token": control_token,
-                    "started_at": runtime.started_at,
-                    "version": __version__,
-                },
-            )
-            logger.info("sidecar %s listening on %s/mcp", __version__, url)
-            tuning.settle(dedicated=dedicated)
-            if ready is not None:
-                ready.set()
-            await runtime.stop_event.wait()
-            logger.info("stopping")
-        finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(signum)
-            remove_quietly(paths.runtime_file)
-            started = time.monotonic()
-            try:
-                await asyncio.wait_for(runner.cleanup(), settings.shutdown_timeout + 5)
-            except TimeoutError:
-                logger.warning("shutdown took longer than %.0fs; exiting anyway", settings.shutdown_timeout + 5)
-            logger.info("stopped in %.2fs", time.monotonic() - started)
+        # The sweeps reap what the daemon adopted while it runs; at the end (after every connector
+        # stopped) whatever it adopted and still runs is killed.
+        async with ORPHANAGE.sweeping():
+            await _run(runner, settings, paths, runtime, control_token, ready=ready, dedicated=dedicated)
     return 0

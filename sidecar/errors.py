@@ -23,7 +23,9 @@
 
 No module here imports aiohttp: the mapping to responses lives at the edges (``sidecar/http.py``).
 Messages are safe to show to the client: they never carry a secret, a path outside the user's own
-files, or a traceback.
+files, or a traceback. A refusal of something the client sent (a Host, an Origin, a token, an envelope,
+a request target) says what is wrong with it, never the bytes themselves: those go in ``sent``, which
+only the log line shows (contract §3; issue 11 item 3).
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ class SidecarError(Exception):
 
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str = "", *, sent: str | None = None) -> None:
+        super().__init__(message)
+        self.sent = sent
+        """What the client sent that was refused, already previewed (escaped, bounded): for the log line
+        only. Never rendered into a response."""
 
 
 class ConfigError(SidecarError):

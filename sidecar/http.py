@@ -4,6 +4,20 @@ Routes under ``/mcp`` answer in JSON-RPC shape (``{"jsonrpc","id":null,"error":{
 clients show the message; every other route answers ``{"error": {"code", "message"}}``. Anything that is
 not a ``SidecarError`` is logged with its traceback here and answered with a bare 500: internals never
 reach the client.
+
+**Every error body is inert** (issue 11 item 3), whoever raised it and whatever its message quotes:
+
+* it is JSON with ``Content-Type: application/json`` and ``X-Content-Type-Options: nosniff`` (so no
+  browser renders it as a page), ``Cache-Control: no-store``, and it is the same for aiohttp's own 404
+  and 405, for the HTTP parser's refusals and for a 500;
+* it is ASCII: every control character, DEL, bidi control and non-ASCII character is a JSON ``\\uXXXX``
+  escape, and so are ``<``, ``>`` and ``&`` (``\\u003c``…), so that no ``<script>`` appears in its bytes;
+* its message is at most ``MAX_MESSAGE`` characters.
+
+Messages name what is wrong rather than quoting the request (``sidecar.errors``); these three rules hold
+for a message that quotes a value anyway (a tool or connector name that helps the user).
+``add_security_headers`` puts ``nosniff`` on every other response too (the MCP SDK's own JSON errors,
+SSE streams).
 """
 
 from __future__ import annotations
@@ -13,7 +27,7 @@ import json
 import logging
 from typing import Any, Final, cast
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
@@ -29,13 +43,31 @@ from sidecar.errors import (
     Unauthorized,
 )
 
-__all__ = ["JsonErrorRunner", "error_middleware", "error_response", "json_response"]
+__all__ = [
+    "MAX_MESSAGE",
+    "JsonErrorRunner",
+    "add_security_headers",
+    "error_json",
+    "error_middleware",
+    "error_response",
+    "json_response",
+]
 
 logger = logging.getLogger(__name__)
+
+MAX_MESSAGE: Final = 1024
+"""Characters of an error message in a response; a longer one is cut and ends ``...``. Messages are
+sentences of at most a few hundred characters (a validation report of several fields is the longest):
+this bound is the last guard against one that quotes a large value."""
 
 # JSON-RPC code per HTTP status for MCP-shaped errors (MCP has no registry of its own for these).
 _JSONRPC_CODES = {400: -32600, 401: -32001, 403: -32003, 404: -32004, 408: -32000, 413: -32600, 415: -32600}
 _PARSE_ERROR = -32700  # JSON-RPC 2.0: invalid JSON was received
+_CUT: Final = "..."
+_HTML_SPECIALS: Final = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+"""After ``json.dumps(ensure_ascii=True)`` these three can only sit inside strings, where a ``\\u``
+escape means the same character (RFC 8259 §7): the document is unchanged, its bytes hold no markup."""
+_ERROR_HEADERS: Final = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
 def json_response(payload: object, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -43,23 +75,70 @@ def json_response(payload: object, *, status: int = 200, headers: dict[str, str]
     return web.Response(text=body, status=status, content_type="application/json", charset="utf-8", headers=headers)
 
 
+def error_json(payload: object) -> str:
+    """``payload`` as an error body: compact ASCII JSON with ``<``, ``>`` and ``&`` escaped too."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=True).translate(_HTML_SPECIALS)
+
+
+def _bounded(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - len(_CUT)] + _CUT
+
+
+def _render(
+    path: str,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    rpc_code: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    """The one error body: JSON-RPC shaped under ``/mcp``, ``{"error": ...}`` elsewhere; inert either way."""
+    message = _bounded(message or code)
+    body: dict[str, object]
+    if path == "/mcp" or path.startswith("/mcp/"):
+        rpc = rpc_code if rpc_code is not None else _JSONRPC_CODES.get(status, -32603)
+        body = {"jsonrpc": "2.0", "id": None, "error": {"code": rpc, "message": message, "data": code}}
+    else:
+        body = {"error": {"code": code, "message": message}}
+    return web.Response(
+        text=error_json(body),
+        status=status,
+        content_type="application/json",
+        charset="utf-8",
+        headers={**_ERROR_HEADERS, **(headers or {})},
+    )
+
+
 def error_response(path: str, err: SidecarError) -> web.Response:
     """The one place a ``SidecarError`` turns into an HTTP response."""
-    headers = {"Cache-Control": "no-store"}
+    headers = {}
     if isinstance(err, Unauthorized):
         # RFC 6750 §3: tell the client which scheme to use, nothing more.
         headers["WWW-Authenticate"] = 'Bearer realm="sidecar"'
-    message = str(err) or err.code
-    if path == "/mcp" or path.startswith("/mcp/"):
-        code = _PARSE_ERROR if isinstance(err, MalformedJson) else _JSONRPC_CODES.get(err.status, -32603)
-        body: dict[str, object] = {
-            "jsonrpc": "2.0",
-            "id": None,
-            "error": {"code": code, "message": message, "data": err.code},
-        }
-    else:
-        body = {"error": {"code": err.code, "message": message}}
-    return json_response(body, status=err.status, headers=headers)
+    rpc_code = _PARSE_ERROR if isinstance(err, MalformedJson) else None
+    return _render(path, err.status, err.code, str(err), rpc_code=rpc_code, headers=headers)
+
+
+def _http_exception_response(path: str, exc: web.HTTPException) -> web.Response:
+    """aiohttp's own refusals (404 for an unknown path, 405 for an unknown method, 413 ...) in our shape.
+
+    The message is the status's reason phrase, never the path or method that was refused.
+    """
+    reason = exc.reason or "error"
+    code = reason.lower().replace(" ", "_")
+    allow = exc.headers.get(hdrs.ALLOW)
+    return _render(path, exc.status, code, reason, headers={hdrs.ALLOW: allow} if allow is not None else None)
+
+
+def _internal_error(path: str) -> web.Response:
+    return _render(path, 500, "internal_error", "internal error")
+
+
+async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare`` hook: ``X-Content-Type-Options: nosniff`` on every response, so that no
+    answer (the SDK's own JSON errors, a tool result that quotes markup) is ever sniffed into HTML."""
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
 
 
 @web.middleware
@@ -75,13 +154,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     except web.HTTPException as exc:
         if exc.status >= 400:
-            reason = exc.reason or "error"
-            code = reason.lower().replace(" ", "_")
-            return json_response({"error": {"code": code, "message": reason}}, status=exc.status)
+            return _http_exception_response(request.path, exc)
         raise
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response({"error": {"code": "internal_error", "message": "internal error"}}, status=500)
+        return _internal_error(request.path)
 
 
 class _Connection(RequestHandler):  # type: ignore[misc]
@@ -143,10 +220,14 @@ class _Connection(RequestHandler):  # type: ignore[misc]
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        if status >= 500:
-            return super().handle_error(request, status, exc, message)
         if request.writer.output_size > 0:
             raise ConnectionError("response already started; cannot send the error")
+        if status >= 500:
+            # aiohttp's own would answer an HTML page (with a traceback in debug mode).
+            logger.error("error handling a request from %s", request.remote, exc_info=exc)
+            response = _internal_error("/")
+            response.force_close()
+            return response
         # SECURITY: aiohttp's own handler logs the parser error, whose text quotes header bytes (an
         # oversized "Authorization: Bearer <token> ..." would land in the log). Log the kind only.
         logger.warning("HTTP parser refused a request from %s: %s", request.remote, type(exc).__name__)
@@ -155,13 +236,13 @@ class _Connection(RequestHandler):  # type: ignore[misc]
         else:
             # The parser's message may quote header bytes too; say what was wrong without echoing them.
             what = "a header line is too long" if isinstance(exc, LineTooLong) else "malformed HTTP request"
-            response = json_response({"error": {"code": RequestRejected.code, "message": what}}, status=status)
+            response = _render("/", status, RequestRejected.code, what)
         response.force_close()
         return response
 
 
 def _raw_408() -> bytes:
-    body = json.dumps({"error": {"code": ReadTimedOut.code, "message": "request head not received in time"}})
+    body = error_json({"error": {"code": ReadTimedOut.code, "message": "request head not received in time"}})
     head = (
         "HTTP/1.1 408 Request Timeout\r\n"
         "Content-Type: application/json; charset=utf-8\r\n"

@@ -1,8 +1,9 @@
 """What the operating system says about processes: liveness, ``/proc/<pid>/stat``, and process trees.
 
-The only module that reads ``/proc`` or signals process groups. Linux has ``/proc``; elsewhere (macOS,
-BSD) ``read_stat`` answers ``None``, ``pid_alive`` falls back to ``kill(pid, 0)`` and a ``ProcessTree``
-records nothing, so only the process group can be killed.
+The only module that reads ``/proc``, signals process groups or asks the kernel to make this process a
+subreaper. Linux has ``/proc``; elsewhere (macOS, BSD) ``read_stat`` answers ``None``, ``pid_alive``
+falls back to ``kill(pid, 0)``, a ``ProcessTree`` records nothing and ``set_child_subreaper`` answers
+False, so only the process group can be killed.
 
 A process is named by (pid, start time), never by pid alone: a pid is reused as soon as its process is
 reaped, and signalling a recorded pid that now names someone else's process would be a bug with teeth.
@@ -11,17 +12,30 @@ reaped, and signalling a recorded pid that now names someone else's process woul
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import os
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["ProcStat", "ProcessTree", "pid_alive", "read_stat", "signal_group"]
+__all__ = [
+    "ProcStat",
+    "ProcessTree",
+    "direct_children",
+    "environ_value",
+    "is_child_subreaper",
+    "pid_alive",
+    "proc_table",
+    "read_stat",
+    "reap",
+    "set_child_subreaper",
+    "signal_group",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +43,12 @@ _DEAD_STATES: Final = frozenset({"Z", "X"})
 """``/proc`` states of a process that has exited: zombie (not yet reaped) and dead."""
 _STAT_BYTES: Final = 4096
 """One read of ``/proc/<pid>/stat``: the line is a few hundred bytes even with a 15-character comm."""
+_ENVIRON_CHUNK: Final = 64 * 1024
+_ENVIRON_LIMIT: Final = 2 * 1024 * 1024
+"""Bytes of ``/proc/<pid>/environ`` read at most: Linux caps argv + environment at exec near this."""
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_PR_GET_CHILD_SUBREAPER: Final = 37
+"""prctl(2) options since Linux 3.4."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +108,98 @@ def pid_alive(pid: int) -> bool:
     return stat is None or not stat.dead
 
 
+def set_child_subreaper() -> bool:
+    """Make this process the parent of last resort of its descendants: an orphan anywhere below it is
+    re-parented to it rather than to PID 1 (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4+). It must then
+    reap what it adopts. Returns whether it now is one (False off Linux, or when the call fails).
+
+    Process-wide and for the process's life: only a process that knows every child it starts should ask.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    if prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        logger.warning("could not become a child subreaper: %s", os.strerror(ctypes.get_errno()))
+        return False
+    return True
+
+
+def is_child_subreaper() -> bool:
+    """Whether this process is a child subreaper (False off Linux)."""
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    flag = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.cast(ctypes.pointer(flag), ctypes.c_void_p).value or 0, 0, 0, 0) != 0:
+        return False
+    return flag.value != 0
+
+
+def _prctl() -> Callable[..., int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """The value of ``name`` in the environment ``pid`` was started with (``/proc/<pid>/environ``), or None:
+    not set, not readable (another user's, a zombie, gone, no ``/proc``), or past ``_ENVIRON_LIMIT``.
+
+    The environment a process was exec'd with, or inherited at fork; a process that clears it before
+    exec'ing (``env -i``) shows none."""
+    wanted = name.encode("ascii") + b"="
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while size < _ENVIRON_LIMIT and (chunk := os.read(fd, _ENVIRON_CHUNK)):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for entry in b"".join(chunks).split(b"\0"):
+        if entry.startswith(wanted):
+            return entry[len(wanted) :].decode("utf-8", errors="replace")
+    return None
+
+
+def direct_children() -> set[int]:
+    """The pids whose parent is this process now (adopted orphans included), from each thread's
+    ``/proc/self/task/<tid>/children``; from the process table where the kernel has no such file."""
+    me = os.getpid()
+    if not os.path.exists(f"/proc/self/task/{me}/children"):  # no /proc, or no CONFIG_PROC_CHILDREN
+        table = proc_table(0)
+        return {row.pid for row in table.values() if row.ppid == me} if table is not None else set()
+    found: set[int] = set()
+    for tid in os.listdir("/proc/self/task"):
+        # A thread that ended meanwhile has no file any more.
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/self/task/{tid}/children", "rb") as handle:
+            found.update(int(pid) for pid in handle.read().split())
+    return found
+
+
+def reap(pid: int) -> int | None:
+    """Collect the exit status of child ``pid`` if it has exited (``waitpid(pid, WNOHANG)``), else None.
+
+    Only ever a given pid, never ``waitpid(-1)``: a caller reaps what it knows no one else waits for."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return status if done == pid else None
+
+
 def signal_group(pgid: int, signum: signal.Signals) -> None:
     """Signal every member of process group ``pgid``; a group that is gone already is no error."""
     # ESRCH: the group is gone. EPERM: we signalled what we may (macOS answers EPERM for zombies).
@@ -120,6 +232,12 @@ class _ProcTable:
 _PROC_TABLE: Final = _ProcTable()
 
 
+def proc_table(max_age: float) -> Mapping[int, ProcStat] | None:
+    """Every process's stat line, from a snapshot at most ``max_age`` seconds old (shared by all callers);
+    None without ``/proc``."""
+    return _PROC_TABLE.get(max_age)
+
+
 class ProcessTree:
     """The descendants of one process-group leader, recorded while they can still be found.
 
@@ -127,15 +245,26 @@ class ProcessTree:
     links it to the leader. So ``scan`` walks the whole process table from the leader (by parent, and by
     group or session membership, which outlives the parent) and records every descendant as (pid, start
     time); ``kill`` later signals only those whose pair still matches. What a double fork hides between
-    two scans can only be caught with cgroups (or a subreaper, which is process-wide).
+    two scans (an orphan that called ``setsid``) is out of its reach unless this process is a subreaper
+    that adopted it and ``adopted`` says whose it is (``sidecar.connectors.orphans``), or a cgroup holds it.
     """
 
-    def __init__(self, leader: int, *, limit: int, name: str = "") -> None:
+    def __init__(
+        self,
+        leader: int,
+        *,
+        limit: int,
+        name: str = "",
+        adopted: Callable[[Mapping[int, ProcStat]], Iterable[int]] | None = None,
+    ) -> None:
         """``leader`` leads its own session and process group (``start_new_session``); ``limit`` caps the
-        descendants recorded; ``name`` labels log lines."""
+        descendants recorded; ``name`` labels log lines. ``adopted(table)`` names orphans of the leader's
+        tree that this process adopted as a subreaper (nothing in ``/proc`` links them to the leader any
+        more): they and their descendants are recorded too."""
         self.leader = leader
         self._limit = limit
         self._name = name or str(leader)
+        self._adopted = adopted
         stat = read_stat(leader)
         self._leader_start = stat.start if stat is not None else None
         self._tracked: dict[int, int] = {}  # pid -> start time of every descendant seen
@@ -163,6 +292,8 @@ class ProcessTree:
         }
         leader = table.get(me)
         roots = list(self._tracked)
+        if self._adopted is not None:
+            roots.extend(self._adopted(table))
         if leader_running and leader is not None and leader.start == self._leader_start:
             roots.append(me)
         children: dict[int, list[int]] = {}

@@ -71,7 +71,7 @@ class RouteRegistry:
         """Re-mint ``name``'s token: the old one stops working and its in-flight requests are aborted."""
         route = self._routes.get(name)
         if route is None:
-            raise NotFound(f"no route named {name!r}")
+            raise NotFound(_no_route(name))
         token = self._mint(name, route.path)
         aborted = self._inflight.abort(route_key(name))
         logger.info("rotated the token of route %s; aborted %d in-flight requests", name, aborted)
@@ -81,7 +81,7 @@ class RouteRegistry:
     def unregister(self, name: str) -> int:
         """Revoke ``name``'s token and abort everything in flight on it; return how many were aborted."""
         if self._routes.pop(name, None) is None:
-            raise NotFound(f"no route named {name!r}")
+            raise NotFound(_no_route(name))
         aborted = self._inflight.abort(route_key(name))
         logger.info("unregistered route %s; aborted %d in-flight requests", name, aborted)
         self._emit(name, "unregistered")
@@ -115,3 +115,11 @@ class RouteRegistry:
     def _emit(self, name: str, event: str) -> None:
         if self._on_event is not None:
             self._on_event(name, event)
+
+
+def _no_route(name: str) -> str:
+    """The answer to a route name that is not registered: the name only if it could be one (the control
+    API takes it from the request path, where it may be any bytes; issue 11 item 3)."""
+    if _NAME.fullmatch(name):
+        return f"no route named {name} (see: sidecar routes list)"
+    return "no route by that name (see: sidecar routes list)"

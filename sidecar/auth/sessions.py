@@ -97,9 +97,9 @@ def canonical_workspace(path: str) -> str:
     try:
         real = Path(path).expanduser().resolve(strict=True)
     except (OSError, RuntimeError) as exc:
-        raise RequestRejected(f"workspace {path!r} does not exist") from exc
+        raise RequestRejected(f"workspace {preview(path, 200)} does not exist") from exc
     if not real.is_dir():
-        raise RequestRejected(f"workspace {path!r} is not a directory")
+        raise RequestRejected(f"workspace {preview(path, 200)} is not a directory")
     return str(real)
 
 
@@ -215,7 +215,7 @@ class SessionStore:
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None or session.expired(self._clock()):
-            raise NotFound(f"no session {session_id!r}")
+            raise NotFound(f"no session {preview(session_id, 64)}")
         return session
 
     def alive(self, session_id: str) -> Session | None:
@@ -252,7 +252,7 @@ class SessionStore:
         """End a session: its envelope dies now and its in-flight work is aborted."""
         session = self._sessions.pop(session_id, None)
         if session is None:
-            raise NotFound(f"no session {session_id!r}")
+            raise NotFound(f"no session {preview(session_id, 64)}")
         aborted = self._inflight.abort(session_key(session_id))
         self._emit(session, "ended")
         return aborted

@@ -23,6 +23,7 @@ from typing import Any, Final
 from sidecar.auth.encoding import b64url_encode
 from sidecar.canonical import canonical_json
 from sidecar.errors import Conflict, NotFound
+from sidecar.text import preview
 
 __all__ = ["Approval", "ApprovalState", "ApprovalStore", "arguments_digest"]
 
@@ -179,7 +180,7 @@ class ApprovalStore:
     def get(self, approval_id: str) -> Approval:
         approval = self._approvals.get(approval_id)
         if approval is None:
-            raise NotFound(f"no approval {approval_id!r}")
+            raise NotFound(f"no approval {preview(approval_id, 64)}")
         return approval
 
     def forget_session(self, session_id: str) -> None:

@@ -69,6 +69,11 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
         + (" (INSECURE)" if status["storage"]["insecure"] else "")
         + f"\n  approvals:  {status['pending_approvals']} pending"
         + "".join(f"\n  BILLING MANIFEST PROBLEM (billable checks ask): {p}" for p in status["billing_problems"])
+        + (
+            f"\n  TRUST STORE REFUSED (last good trust kept; nothing written): {p}"
+            if (p := status.get("trust_store_problem"))
+            else ""
+        )
     )
     _print(args, status, text)
     return 0

@@ -33,6 +33,7 @@ from sidecar.connectors.trustkey import trust_key
 from sidecar.errors import Conflict, NotFound, RequestRejected, SidecarError, ToolError
 from sidecar.store.files import ensure_private_dir
 from sidecar.store.trust import TrustStore
+from sidecar.text import preview
 
 __all__ = ["Connector", "ConnectorManager", "ConnectorState"]
 
@@ -222,7 +223,7 @@ class ConnectorManager:
     def get(self, connector_id: str) -> Connector:
         connector = self._connectors.get(connector_id)
         if connector is None:
-            raise NotFound(f"no connector {connector_id!r} (see: sidecar connectors list)")
+            raise NotFound(f"no connector {preview(connector_id, 64)} (see: sidecar connectors list)")
         return connector
 
     def trusted(self) -> builtins.list[Connector]:

@@ -12,6 +12,11 @@ reports how it ended. The contract the tests hold:
   is read from ``/proc`` every ``TREE_SCAN_INTERVAL`` seconds and at every escalation step; each descendant
   is recorded as (pid, start time) and killed at the end only if that pair still matches (no pid reuse).
   Linux only; elsewhere only the process group is killed.
+* **Even one that double-forks and calls ``setsid`` at once.** Where the daemon is a child subreaper
+  (``orphans.ORPHANAGE`` active: ``sidecar serve``), the process is spawned with a tag in its environment
+  (``SIDECAR_CONNECTOR_TREE``); an orphan of its tree is re-parented to the daemon, attributed by that tag
+  (or, untagged, by its birth during this process's life), recorded with the tree and killed with it, and
+  ``release`` at the end kills any that a scan never saw.
 * **A misbehaving connector fails alone.** The pipes are framed by ``framing.StdioFraming``: a stdout line
   over ``max_line_bytes`` stops that connector (``exit_reason`` says why); a non-JSON line is logged and
   skipped. stdout EOF or process exit closes the read stream, so the client's pending calls fail at once
@@ -41,6 +46,7 @@ from typing import Final
 from mcp.client import Transport
 
 from sidecar.connectors.framing import StderrTail, StdioFraming
+from sidecar.connectors.orphans import ORPHANAGE, TREE_VARIABLE, Orphanage
 from sidecar.system import ProcessTree, pid_alive, signal_group
 
 __all__ = [
@@ -135,6 +141,7 @@ class ConnectorProcess:
         cwd: str | None,
         limits: ProcessLimits = ProcessLimits(),
         name: str = "",
+        orphanage: Orphanage = ORPHANAGE,
     ) -> None:
         if not argv:
             raise ValueError("argv must name a program")
@@ -154,6 +161,8 @@ class ConnectorProcess:
         self._pump: asyncio.Task[None] | None = None
         self._stderr_task: asyncio.Task[None] | None = None
         self._shutdown: asyncio.Task[None] | None = None
+        self._orphanage = orphanage
+        self._tag: str | None = None
 
     # -- read-only facts -------------------------------------------------------------------------------------
 
@@ -208,31 +217,50 @@ class ConnectorProcess:
     async def __aenter__(self) -> ConnectorProcess:
         if self._state is not ProcessState.STARTING or self._proc is not None:
             raise ProcessStateError(f"connector {self.name!r}: illegal transition {self._state} -> running")
+        self._tag = self._orphanage.new_tree()
+        env = self._env
+        if self._tag is not None:
+            # SECURITY: first, and the config cannot set it: what this process starts inherits it, and an
+            # orphan the daemon adopts is attributed by it (orphans module).
+            env = {TREE_VARIABLE: self._tag, **{k: v for k, v in env.items() if k != TREE_VARIABLE}}
         try:
             async with asyncio.timeout(self._limits.start_timeout):
-                # SECURITY: argv as given, no shell; exactly the caller's (scrubbed) env; a new session so the
-                # whole group can be signalled; no preexec_fn (unsafe with threads, ruff PLW1509).
-                proc = await asyncio.create_subprocess_exec(
-                    *self._argv,
-                    env=self._env,
-                    cwd=self._cwd,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    start_new_session=True,
-                    limit=self._limits.max_line_bytes,  # the framing's line bound: readline() raises past it
-                )
+                # SECURITY: argv as given, no shell; exactly the caller's (scrubbed) env plus the tree's tag;
+                # a new session so the whole group can be signalled; no preexec_fn (unsafe with threads,
+                # ruff PLW1509).
+                with self._orphanage.spawning():
+                    proc = await asyncio.create_subprocess_exec(
+                        *self._argv,
+                        env=env,
+                        cwd=self._cwd,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                        start_new_session=True,
+                        limit=self._limits.max_line_bytes,  # the framing's line bound: readline() raises past it
+                    )
+                    self._orphanage.planted(self._tag, proc.pid)
         except (OSError, ValueError, TimeoutError) as exc:
+            self._orphanage.release(self._tag)
             self._exit_reason = f"failed to start: {type(exc).__name__}: {exc}"
             if self._state is ProcessState.STARTING:
                 self._set_state(ProcessState.EXITED)
             self.exited.set()
             raise
+        except BaseException:
+            self._orphanage.release(self._tag)
+            raise
         self._proc = proc
         if self._state is not ProcessState.STARTING:  # stop() ran while we were spawning
             await self._abandon(proc)
             raise ProcessStateError(f"connector {self.name!r}: stopped while starting")
-        self._tree = ProcessTree(proc.pid, limit=_MAX_TRACKED, name=f"connector {self.name}")
+        tag = self._tag
+        self._tree = ProcessTree(
+            proc.pid,
+            limit=_MAX_TRACKED,
+            name=f"connector {self.name}",
+            adopted=(lambda table: self._orphanage.adopted(tag, table)) if tag is not None else None,
+        )
         self._framing = StdioFraming(self.name, max_line_bytes=self._limits.max_line_bytes)
         self._set_state(ProcessState.RUNNING)
         logger.info("connector %s started: pid %d", self.name, proc.pid)
@@ -295,6 +323,7 @@ class ConnectorProcess:
             return
         logger.warning("connector %s: stop was cancelled before it began; killing its tree outright", self.name)
         self._tree.kill()
+        self._orphanage.release(self._tag, leader_collected=self._proc.returncode is not None)
         try:
             self._release(self._proc)
         finally:
@@ -313,6 +342,7 @@ class ConnectorProcess:
             # Always: same-group leftovers of a leader that exited on its own, then recorded escapees.
             self._scan_tree(max_age=0)
             self._tree.kill()
+            self._orphanage.release(self._tag, leader_collected=proc.returncode is not None)
             if not await _until(lambda: not self._tree.alive(), min(_TREE_GONE_WAIT, deadline - loop.time())):
                 logger.warning("connector %s: processes of its tree survived SIGKILL", self.name)
             readers = [t for t in (self._pump, self._stderr_task) if t is not None]
@@ -320,6 +350,7 @@ class ConnectorProcess:
         except Exception:
             logger.exception("connector %s: stopping failed; closing its pipes anyway", self.name)
         finally:
+            self._orphanage.release(self._tag, leader_collected=proc.returncode is not None)
             try:
                 self._release(proc)
             except Exception:
@@ -378,7 +409,10 @@ class ConnectorProcess:
 
     async def _abandon(self, proc: asyncio.subprocess.Process) -> None:
         signal_group(proc.pid, signal.SIGKILL)
-        await _until(lambda: proc.returncode is not None, KILL_WAIT, absorb_cancel=False)
+        try:
+            await _until(lambda: proc.returncode is not None, KILL_WAIT, absorb_cancel=False)
+        finally:
+            self._orphanage.release(self._tag, leader_collected=proc.returncode is not None)
         _close_subprocess_transport(proc)
 
     async def _monitor(self) -> None:

@@ -29,7 +29,7 @@ from sidecar.config import Settings
 from sidecar.edge.asgi import AsgiExchange, DisconnectWatcher
 from sidecar.edge.mcp import CALLER, ChangeHub
 from sidecar.errors import UnsupportedMediaType
-from sidecar.net.body import read_json
+from sidecar.net.body import read_jsonrpc
 
 __all__ = ["McpEndpoint"]
 
@@ -100,7 +100,7 @@ class McpEndpoint:
             # The SDK would answer a wrong type with a plain-text 400; answer in our JSON shape instead.
             if request.content_type != "application/json":
                 raise UnsupportedMediaType("POST /mcp needs Content-Type: application/json")
-            body, _ = await read_json(request, self._settings.limits)
+            body, _ = await read_jsonrpc(request, self._settings.limits)
         transport_id = request.headers.get("mcp-session-id")
         if request.method == "DELETE" and transport_id:
             self._hub.forget_transport(principal.session_id, transport_id)

@@ -40,9 +40,9 @@ def make_guard_middleware(
     ``port`` returns the listening port (known only after bind; it is called per request).
     ``allowed_origins`` are exact (scheme, host, port) tuples. ``fetch_site_exempt(path)`` is true for the
     few paths a cross-site browser navigation must reach (the OAuth callback page); it relaxes only the
-    ``Sec-Fetch-Site`` check, never Host or Origin. A refusal is a JSON error from ``error_response`` and
-    one WARNING line naming the offending value. No CORS header is ever added; ``add_vary_origin`` (an
-    ``on_response_prepare`` hook) marks every response as varying on ``Origin``.
+    ``Sec-Fetch-Site`` check, never Host or Origin. A refusal is a JSON error from ``error_response`` that
+    says what is wrong, and one WARNING line that also names the offending value. No CORS header is ever
+    added; ``add_vary_origin`` (an ``on_response_prepare`` hook) marks every response as varying on ``Origin``.
     """
 
     @web.middleware
@@ -50,8 +50,10 @@ def make_guard_middleware(
         try:
             _check_request(request, port=port(), allowed_origins=allowed_origins, exempt=fetch_site_exempt)
         except SidecarError as err:
-            # One line, the value repr'd and cut by hostcheck; headers and query strings are never logged.
-            logger.warning("guard refused %s %s: %s", request.method, preview(request.path), err)
+            # One line with the offending value (repr'd and cut by hostcheck, in ``sent``: the answer
+            # itself never carries it); other headers and query strings are never logged.
+            sent = f" (sent: {err.sent})" if err.sent is not None else ""
+            logger.warning("guard refused %s %s: %s%s", request.method, preview(request.path), err, sent)
             return error_response(request.path, err)
         return await handler(request)
 

@@ -2,8 +2,11 @@
 
 Each check takes plain values (the raw request target, or every raw value of one header, as sent) and
 either returns ``None`` or raises the matching ``sidecar.errors`` class. No aiohttp here: ``guard.py``
-adapts these to a middleware. Messages are shown to the client and logged, so they carry only the
-offending value (``repr``, at most 100 characters, query string dropped) and the remedy, never a secret.
+adapts these to a middleware. A message is shown to the client, so it says what is wrong with the value
+and the remedy, never the value: a refused header may be a page's script, a control character or 4 KiB
+of padding, and an answer that echoed it would hand it back to whoever sent it. The value itself
+(``repr``, at most 100 characters, query string dropped) travels in the error's ``sent``, which only the
+guard's log line shows.
 
 The parsers are strict and hand-written on purpose: prefix matches and lenient URL parsers are how
 loopback guards get bypassed (Jupyter GHSA-24qx-w28j-9m6p, the SDK's ``host:*`` rule, the ``user@host``
@@ -29,6 +32,9 @@ _LOOPBACK_NAMES: Final = ("127.0.0.1", "localhost", "[::1]")
 
 _HOST_CHARS: Final = frozenset("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:[]")
 
+_FETCH_SITE_FOREIGN: Final = frozenset({"cross-site", "same-site"})
+"""The registered ``Sec-Fetch-Site`` values that name another site: an answer may name these two, being
+constants rather than what the client wrote."""
 _FETCH_SITE_ALLOWED: Final = frozenset({"same-origin", "none"})
 """``Sec-Fetch-Site`` values that pass. Anything else — ``cross-site``, ``same-site``, an unknown or empty
 value — is refused: deny by default, as Go's ``CrossOriginProtection`` does."""
@@ -52,13 +58,14 @@ def check_host(values: Sequence[str], *, port: int) -> None:
         # to the socket address, so "absent" must be refused here.
         raise HostRejected(f"missing Host header; {remedy}")
     if len(values) > 1:
-        raise HostRejected(f"{len(values)} Host headers; send exactly one; {remedy}")
+        raise HostRejected(f"{len(values)} Host headers; send exactly one; {remedy}", sent=_shown(values))
     value = values[0]
     # SECURITY: acceptance is exact equality with one of three strings, nothing else. isascii() first,
     # because str.lower() maps some non-ASCII letters onto ASCII ones (e.g. KELVIN SIGN -> "k").
     if value.isascii() and value.lower() in {f"{name}:{port}" for name in _LOOPBACK_NAMES}:
         return
-    raise HostRejected(f"Host {preview(value, _SHOW_MAX)} refused: {_host_problem(value, port)}; {remedy}")
+    # SECURITY: the answer names the problem, not the value (issue 11 item 3).
+    raise HostRejected(f"Host refused: {_host_problem(value, port)}; {remedy}", sent=_shown(value))
 
 
 def _host_problem(value: str, port: int) -> str:
@@ -92,19 +99,19 @@ def check_origin(values: Sequence[str], *, allowed: frozenset[Origin]) -> None:
         return  # CLI and SDK clients send no Origin; browsers always do on the requests that matter.
     remedy = "add it to allowed_origins (scheme://host[:port]) if this web page may call sidecar"
     if len(values) > 1:
-        raise OriginRejected(f"{len(values)} Origin headers; a browser sends exactly one")
+        raise OriginRejected(f"{len(values)} Origin headers; a browser sends exactly one", sent=_shown(values))
     value = values[0]
     if value.strip().lower() == "null":
         # SECURITY: "null" is the opaque origin of sandboxed frames, file:// pages and cross-origin
         # redirects: it identifies no one, so it can never be allowed.
-        raise OriginRejected("Origin 'null' (an opaque origin) is never allowed")
+        raise OriginRejected("Origin null (an opaque origin) is never allowed", sent=_shown(value))
     try:
         origin = parse_origin(value)
     except ValueError:
-        raise OriginRejected(f"Origin {preview(value, _SHOW_MAX)} is not scheme://host[:port]") from None
+        raise OriginRejected("Origin is not scheme://host[:port]", sent=_shown(value)) from None
     # SECURITY: exact tuple match; never a prefix, suffix or pattern match.
     if origin not in allowed:
-        raise OriginRejected(f"Origin {preview(value, _SHOW_MAX)} is not allowed; {remedy}")
+        raise OriginRejected(f"Origin is not allowed; {remedy}", sent=_shown(value))
 
 
 # --- Sec-Fetch-Site and the request target ---------------------------------------------------------
@@ -123,9 +130,11 @@ def check_fetch_site(values: Sequence[str]) -> None:
             if token not in _FETCH_SITE_ALLOWED:
                 # SECURITY: a second CSRF signal beside Origin: browser no-cors GETs (<script>, <img>)
                 # carry no Origin, but they do carry Sec-Fetch-Site.
+                what = f"Sec-Fetch-Site {token}" if token in _FETCH_SITE_FOREIGN else "an unknown Sec-Fetch-Site value"
                 raise FetchSiteRejected(
-                    f"Sec-Fetch-Site {preview(item.strip(), _SHOW_MAX)} refused: sidecar serves no other site's pages; "
-                    "call it from a local client, not from a web page"
+                    f"{what} refused: sidecar serves no other site's pages; "
+                    "call it from a local client, not from a web page",
+                    sent=_shown(item.strip()),
                 )
 
 
@@ -141,6 +150,23 @@ def check_target(raw_target: str) -> None:
         return
     shown = raw_target.partition("?")[0].partition("#")[0]  # the query may carry an OAuth code
     raise HostRejected(
-        f"request target {preview(shown, _SHOW_MAX)} refused: send the path only (origin-form, e.g. GET /mcp), "
-        "with the host in the Host header"
+        f"{_target_form(raw_target)} request target refused: send the path only (origin-form, e.g. GET /mcp), "
+        "with the host in the Host header",
+        sent=_shown(shown),
     )
+
+
+def _target_form(raw_target: str) -> str:
+    """Which form of RFC 9112 §3.2 a refused target has, in words (never the target itself)."""
+    if raw_target.startswith("//"):
+        return "a network-path"
+    if raw_target == "*":
+        return "an asterisk-form"
+    if "://" in raw_target:
+        return "an absolute-form"
+    return "a non-origin-form"
+
+
+def _shown(value: str | Sequence[str]) -> str:
+    """A refused value as the log line shows it: repr-escaped and at most ``_SHOW_MAX`` characters."""
+    return preview(value if isinstance(value, str) else list(value), _SHOW_MAX)

@@ -1,9 +1,15 @@
 """All disk writes go through here: atomic, private, and checked on the open descriptor.
 
-Write: temp file in the same directory (``O_EXCL | O_NOFOLLOW``, 0600) → write → fsync → ``os.replace`` →
-fsync the directory. A reader sees the old file or the new one, never a torn one.
+Write: open the directory (``O_NOFOLLOW``) and check it on its descriptor (a plain directory of ours that
+group and others may not write), then, relative to that descriptor: temp file (``O_EXCL | O_NOFOLLOW``,
+0600) → write → fsync → rename over the target → fsync the directory. A reader sees the old file or the
+new one, never a torn one, and nothing is written into a directory someone else could change.
 Read: ``O_NOFOLLOW`` open, then ``fstat`` the descriptor: a symlink, a file owned by someone else, or a
 file that group/others may write is refused (``StorageError``) rather than trusted.
+
+``check_directory_chain`` checks a directory's whole path: a file is only as safe as every directory
+above it, since whoever may rename an entry anywhere on the path may swap the file's directory for one of
+theirs (issue 11 item 4).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from sidecar.text import preview
 __all__ = [
     "StrictJsonError",
     "append_line",
+    "check_directory_chain",
     "ensure_private_dir",
     "loads_strict",
     "open_append",
@@ -38,17 +45,71 @@ _FILE_MODE = 0o600
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) as 0700 if missing; refuse a symlink or someone else's directory."""
+    """Create ``path`` (and parents) as 0700 if missing; refuse a symlink, someone else's directory, or one
+    that group or others may write (``StorageError`` naming the remedy).
+
+    Our own directory that others may only read or enter (e.g. made 0755 by an older tool) is tightened to
+    0700. One they may write is not: files in it may have been swapped already, so it is refused as it is,
+    and the user decides (``chmod go-w``) rather than sidecar hiding the evidence.
+    """
     path.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
     info = os.lstat(path)
+    _check_private_directory(info, path)
+    if info.st_mode & 0o077:
+        os.chmod(path, _DIR_MODE)
+    return path
+
+
+def _check_private_directory(info: os.stat_result, path: Path) -> None:
+    """A plain directory of ours that group and others may not write; else ``StorageError``."""
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise StorageError(f"{path} is not a plain directory")
     if info.st_uid != os.getuid():
         raise StorageError(f"{path} belongs to uid {info.st_uid}, not to this user")
-    if info.st_mode & 0o077:
-        # Our own directory with loose bits (e.g. made by an older tool): tighten, do not trust as is.
-        os.chmod(path, _DIR_MODE)
-    return path
+    if info.st_mode & 0o022:
+        # SECURITY: another user could rename or replace what sidecar keeps here (an older approvals.json,
+        # a stale temp file, runtime.json).
+        raise StorageError(
+            f"{path} may be written by other users (mode {stat.S_IMODE(info.st_mode):o}); fix: chmod go-w {path}"
+        )
+
+
+def check_directory_chain(directory: Path, *, root: Path | None = None) -> None:
+    """Refuse (``StorageError``, naming the first unsafe directory and why) a ``directory`` whose whole path
+    is not safe to take trust from or to keep a secret in.
+
+    From ``directory`` up to ``root`` (sidecar's own directories; default ``directory`` alone), each must be
+    a plain directory of this user's that group and others may not write. Above ``root`` up to ``/`` (the
+    user's home, ``/home``, ``/``) each must belong to this user or to root, and may be writable by others
+    only with the sticky bit (``/tmp``: others cannot rename what is not theirs there). Both the path as
+    written and its resolved form are walked, so a symbolic link on the way counts by where it lives and by
+    where it points. A directory that does not exist yet holds nothing, and is skipped.
+    """
+    directory = Path(os.path.abspath(directory))
+    top = Path(os.path.abspath(root)) if root is not None else directory
+    if directory != top and top not in directory.parents:
+        top = directory
+    own = [directory, *[p for p in directory.parents if top in p.parents or p == top]]
+    for path in own:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        _check_private_directory(info, path)
+    above = dict.fromkeys([*top.parents, *Path(os.path.realpath(top)).parents])
+    me = os.getuid()
+    for path in above:
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if info.st_uid not in (me, 0):
+            raise StorageError(f"{path} belongs to uid {info.st_uid}, neither to this user nor to root")
+        if stat.S_ISDIR(info.st_mode) and info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+            raise StorageError(
+                f"{path} may be written by other users (mode {stat.S_IMODE(info.st_mode):o}) and is above "
+                f"{top}; fix: chmod go-w {path}, or keep sidecar's files elsewhere (SIDECAR_HOME)"
+            )
 
 
 def _check_descriptor(fd: int, path: Path) -> os.stat_result:
@@ -100,21 +161,30 @@ def write_atomic(path: Path, data: bytes, *, mode: int = _FILE_MODE, private_dir
     else:
         directory = path.parent
         directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    # Everything below is relative to this descriptor: the directory checked is the one written into,
+    # even if someone renames a directory on the path meanwhile.
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (os.O_NOFOLLOW if private_dir else 0)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), mode)  # umask must not loosen it
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = os.open(directory, dir_flags)
+    except OSError as exc:
+        raise StorageError(f"{directory}: cannot open safely ({exc.strerror})") from exc
     try:
+        if private_dir:
+            _check_private_directory(os.fstat(dir_fd), directory)
+        tmp = f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, mode, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(handle.fileno(), mode)  # umask must not loosen it
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)

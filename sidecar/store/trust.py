@@ -18,6 +18,12 @@ The security properties, each with a test:
   belongs to another user or may be written by group/others is *refused*: the last good snapshot stays
   in force (on a fresh start: nothing trusted), ``problem`` says why, and ``trust.store_refused`` is
   emitted and logged at WARNING once per distinct problem. A missing file is an empty store.
+- **The whole path is checked, not only the file** (issue 11 item 4). A directory between the file and
+  ``root`` (the state directory) that is a symlink, someone else's, or writable by group/others, a
+  directory above it (the home, ``/``) that another user owns or may write without the sticky bit, or the
+  same of a ``guarded`` root (the config directory, whose launch configs trust is pinned to) is as unsafe
+  as a loose file: whoever may rename entries there may put an older approvals.json, or a stale temp file,
+  in place of ours. It is refused like one, and nothing is written there.
 - **A refused file is evidence.** While the file on disk is refused, every write raises
   ``StorageError`` ("fix or remove <path> first") rather than replace it; ``reload()`` picks up the fix.
 - **Writes are validate → commit → roll back.** Each write re-reads the file first (so a hand edit
@@ -44,7 +50,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,7 +61,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Val
 
 from sidecar.canonical import canonical_json, utc_timestamp
 from sidecar.errors import NotFound, StorageError
-from sidecar.store.files import loads_strict, read_private, remove_quietly, write_atomic
+from sidecar.store.files import check_directory_chain, loads_strict, read_private, remove_quietly, write_atomic
 from sidecar.system import pid_alive
 from sidecar.text import preview
 
@@ -204,18 +210,35 @@ def _serialize(records: Mapping[str, TrustRecord]) -> bytes:
 # --- the store -----------------------------------------------------------------------------------------
 
 
+class _UnsafePath(StorageError):
+    """A directory on the store's path is unsafe (not the file itself): the remedy is the directory's."""
+
+
 class TrustStore:
     """The trust store at ``path``. Loads on construction and never raises there for a bad file."""
 
-    def __init__(self, path: Path, *, on_event: EventSink | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        on_event: EventSink | None = None,
+        root: Path | None = None,
+        guarded: Sequence[Path] = (),
+    ) -> None:
+        """``root``: the top of sidecar's own directories above ``path`` (default: its directory); every
+        directory from the file up to it must be private, and every one above it safe
+        (``check_directory_chain``). ``guarded``: other roots trust depends on, checked the same way."""
         self._path = path
         self._on_event = on_event
+        self._root = root if root is not None else path.parent
+        self._guarded = tuple(guarded)
         self._lock = threading.RLock()
         self._records: dict[str, TrustRecord] = {}
         self._problem: str | None = None
         self._reported: set[str] = set()
-        self._sweep_temp_files()
         self.reload()
+        if self._problem is None:  # never touch a directory that is refused
+            self._sweep_temp_files()
 
     @property
     def path(self) -> Path:
@@ -244,6 +267,12 @@ class TrustStore:
             except StorageError:
                 return False
             return changed
+
+    def recheck(self) -> str | None:
+        """Re-read the store now (``reload``) and return why it is refused, or None: ``sidecar status``
+        asks this, so a directory loosened while the daemon runs shows (and is audited) without a write."""
+        self.reload()
+        return self._problem
 
     def trust(self, key: str, *, name: str) -> TrustRecord:
         """Trust ``key`` for ``name``; drop any other key of that name (its config changed). Idempotent."""
@@ -311,6 +340,15 @@ class TrustStore:
 
     def _read(self) -> tuple[bytes | None, dict[str, TrustRecord]]:
         """The file's bytes and records; ``(None, {})`` when missing; ``StorageError`` when refused."""
+        # SECURITY: the directories first: a file is only as safe as the path that leads to it.
+        try:
+            check_directory_chain(self._path.parent, root=self._root)
+            for other in self._guarded:
+                check_directory_chain(other, root=other)
+        except OSError as exc:
+            raise StorageError(f"cannot check the directories above {self._path} ({exc.strerror or exc})") from exc
+        except StorageError as exc:
+            raise _UnsafePath(f"{exc}; no trust is taken from {self._path} until it is fixed") from exc
         try:
             raw = read_private(self._path, max_bytes=_MAX_BYTES)
         except FileNotFoundError:
@@ -358,6 +396,9 @@ class TrustStore:
         """Re-read the file before changing it; refuse to write over a refused file. Returns its bytes."""
         try:
             _, raw = self._refresh()
+        except _UnsafePath as exc:
+            # SECURITY: nothing goes into a directory others may change.
+            raise StorageError(f"{exc}; nothing is written there meanwhile") from exc
         except StorageError as exc:
             # SECURITY: never overwrite evidence of tampering (or a user's half-finished edit).
             raise StorageError(f"{exc}; fix or remove {self._path} first") from exc

@@ -522,7 +522,7 @@ def test_the_constructor_never_raises_when_the_parent_is_not_a_directory(tmp_pat
     store = TrustStore(tmp_path / "state" / "approvals.json")
 
     assert store.names() == []
-    assert store.problem is not None and "cannot open safely" in store.problem
+    assert store.problem is not None and "is not a plain directory" in store.problem
 
 
 # --- rollback -------------------------------------------------------------------------------------------------
@@ -555,7 +555,7 @@ def test_a_failed_rename_leaves_memory_and_file_as_they_were(
     store, before = trusted
     seen = len(events)
 
-    def no_rename(src: Any, dst: Any) -> None:
+    def no_rename(src: Any, dst: Any, **dir_fds: Any) -> None:
         raise OSError(errno.EIO, "I/O error")
 
     monkeypatch.setattr(os, "replace", no_rename)
