@@ -20,7 +20,6 @@ authentication → handlers. Handlers find their objects in the app at request t
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -78,7 +77,7 @@ from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.oauth.broker import CALLBACK_PATH, Broker
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
-from sidecar.store.credentials import CredentialStore, choose_key_source
+from sidecar.store.credentials import CredentialStore, DeferredKey
 from sidecar.store.files import ensure_private_dir
 from sidecar.store.trust import TrustStore
 
@@ -200,8 +199,9 @@ def _bus(registry: ToolRegistry) -> Subsystem:
 async def _oauth(app: web.Application) -> AsyncIterator[None]:
     paths, runtime, audit = app[PATHS], app[RUNTIME], app[AUDIT]
     ensure_private_dir(paths.data)
-    # Choosing the key source asks the OS keyring (D-Bus on Linux): off the event loop.
-    key = await asyncio.to_thread(choose_key_source, f"credentials:{paths.data}", paths.data / "credentials.key")
+    # The key source is chosen when a credential is first stored or read (off the event loop, as every
+    # store call is): asking the OS keyring costs memory a daemon without remote sign-ins never needs.
+    key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
 
     async def relearn(connector_id: str) -> None:
         """Signed in: a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""

@@ -43,6 +43,7 @@ from sidecar.store.files import loads_strict, read_private, write_atomic
 __all__ = [
     "FORMAT_VERSION",
     "CredentialStore",
+    "DeferredKey",
     "FileKey",
     "KeySource",
     "KeyringKey",
@@ -116,6 +117,37 @@ class FileKey:
 
     def describe(self) -> str:
         return f"credential key in a file (no OS keyring): {self._path}"
+
+
+class DeferredKey:
+    """A key source chosen on first use (``load``, called off the event loop by the store's users).
+
+    Choosing asks the OS keyring, and importing ``keyring`` with its backends costs the daemon about
+    5 MB of memory for its whole life: a daemon that never stores a credential never pays it.
+    """
+
+    def __init__(self, entry: str, key_file: Path) -> None:
+        self._entry = entry
+        self._key_file = key_file
+        self._chosen: KeySource | None = None
+        self._lock = threading.Lock()
+
+    def load(self) -> bytes:
+        with self._lock:
+            if self._chosen is None:
+                self._chosen = choose_key_source(self._entry, self._key_file)
+        return self._chosen.load()
+
+    def describe(self) -> str:
+        if self._chosen is not None:
+            return self._chosen.describe()
+        if self._key_file.exists():
+            return FileKey(self._key_file).describe()
+        return "no credential key yet (none stored or read since the daemon started)"
+
+    @property
+    def insecure(self) -> bool:
+        return self._chosen.insecure if self._chosen is not None else self._key_file.exists()
 
 
 def choose_key_source(entry: str, key_file: Path) -> KeySource:

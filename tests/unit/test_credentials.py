@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.errors import StorageError
-from sidecar.store.credentials import CredentialStore, FileKey, RecordId, choose_key_source
+from sidecar.store.credentials import CredentialStore, DeferredKey, FileKey, RecordId, choose_key_source
 
 GITHUB = RecordId("github", "octocat", "https://github.com/login/oauth")
 LINEAR = RecordId("linear", "me@example.org", "https://linear.app")
@@ -201,3 +201,18 @@ def test_with_a_secret_service_the_key_lives_in_the_os_keyring(tmp_path: Path) -
     assert result["describe"] == "credential key in the OS keyring"
     assert result["read"] == {"access_token": "gho_in_the_keyring"}
     assert not (tmp_path / "data" / "credentials.key").exists()
+
+
+def test_the_key_source_is_chosen_only_when_a_credential_is_first_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
+    key = DeferredKey("test-home", tmp_path / "credentials.key")
+    assert key.describe().startswith("no credential key yet") and not key.insecure
+    assert not (tmp_path / "credentials.key").exists()
+
+    store = CredentialStore(tmp_path / "credentials.enc", key)
+    store.put(GITHUB, SECRET)  # the first use chooses: no keyring here, so a key file
+    assert key.insecure and key.describe().startswith("credential key in a file (no OS keyring)")
+    again = CredentialStore(tmp_path / "credentials.enc", DeferredKey("test-home", tmp_path / "credentials.key"))
+    assert again.get(GITHUB) == SECRET
