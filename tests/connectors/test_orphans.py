@@ -107,7 +107,7 @@ async def _trusted_and_called(forking: Forking, **session: Any) -> tuple[dict[st
     if not forking.grandchildren():
         await trust(forking.daemon, CONNECTOR)
     known = len(forking.grandchildren())
-    opened = await forking.daemon.new_session(mode="bypass", **session)
+    opened = await forking.daemon.new_session(mode="bypass", allow=[f"mcp__{CONNECTOR}__*"], **session)
     async with mcp_client(opened) as client:
         assert tool_text(await client.call_tool(ECHO, {"text": "hi"})) == "hi"
     return opened, await forking.new_grandchild(known)
@@ -177,7 +177,7 @@ async def test_a_grandchild_that_exits_on_its_own_is_reaped_and_its_connector_ca
     async with mcp_client(opened) as client:  # the connector process itself was not reaped from under asyncio
         assert tool_text(await client.call_tool(ECHO, {"text": "still"})) == "still"
     shown = await forking.daemon.control("GET", f"/control/connectors/{CONNECTOR}")
-    assert shown["running"] == 1 and shown["state"] == "connected", shown
+    assert shown["running"] == 1 and shown["state"] == "trusted" and shown["connected_sessions"] == 1, shown
     await _healthy(forking.daemon)
 
 

@@ -6,6 +6,7 @@ programs: a shell, and a script using the MCP SDK's own client with nothing but 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -102,7 +103,7 @@ def test_an_sdk_client_connects_with_only_what_its_environment_holds(
 
 def test_a_signal_to_sidecar_exec_reaches_the_agent(daemon_process: DaemonProcess, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    script = f"trap 'exit 42' TERM; touch {ready}; while :; do sleep 0.05; done"
+    script = f"trap 'exit 42' TERM; echo $$ > {ready}.tmp; mv {ready}.tmp {ready}; while :; do sleep 0.05; done"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "exec", "--", "sh", "-c", script],
         env=daemon_process.env,
@@ -125,6 +126,9 @@ def test_a_signal_to_sidecar_exec_reaches_the_agent(daemon_process: DaemonProces
             proc.wait(timeout=BOUND)
         if proc.stderr is not None:
             proc.stderr.close()
+        if ready.exists():  # a sidecar exec that died without passing the signal on orphans its agent
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(ready.read_text()), signal.SIGKILL)
     assert _sessions(daemon_process).strip() == "[]"
 
 
