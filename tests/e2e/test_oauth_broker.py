@@ -203,8 +203,9 @@ async def _stored_grant(daemon: Daemon) -> dict[str, Any]:
     store = CredentialStore(
         data / "credentials.enc", choose_key_source(f"credentials:{data}", data / "credentials.key")
     )
-    (record,) = store.records("remote")
-    secret = store.get(record)
+    # A pre-registered client is filed before discovery names the issuer: the newest record is the grant.
+    secrets = [store.get(record) for record in store.records("remote")]
+    secret = max((s for s in secrets if s is not None), key=lambda s: s.get("saved_at", 0), default=None)
     assert secret is not None
     return secret
 
@@ -267,3 +268,36 @@ async def test_no_token_reaches_a_file_or_a_log_line(
             assert secret.encode() not in data, path
     for secret in secrets:
         assert secret not in caplog.text
+
+
+STATIC_ID, STATIC_SECRET = "sidecar-static", "static-secret-value-0123456789"
+
+
+async def test_a_pre_registered_client_from_mcp_json_signs_in_without_dynamic_registration(
+    daemon: Daemon, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    secret_file = tmp_path / "client-secret"
+    secret_file.write_text(STATIC_SECRET + "\n")
+    secret_file.chmod(0o600)
+    redirect = f"http://127.0.0.1:{daemon.port}/oauth/callback"
+    static = {"STATIC_CLIENT_ID": STATIC_ID, "STATIC_CLIENT_SECRET": STATIC_SECRET, "STATIC_REDIRECT_URI": redirect}
+    with oauth_servers(tmp_path, NO_REGISTRATION="1", **static) as servers:
+        oauth = {"clientId": STATIC_ID, "clientSecretFile": str(secret_file), "scopes": ["mcp"]}
+        write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url, "oauth": oauth}})
+        await daemon.control("POST", "/control/connectors/remote/trust")
+        await sign_in(daemon)
+        session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+        assert await call_echo(daemon, session, "static") == "static"
+        grant = await _stored_grant(daemon)
+        assert grant["client"]["client_id"] == STATIC_ID
+        assert (await servers.introspect(grant["tokens"]["access_token"]))["client_id"] == STATIC_ID
+        events = [json.loads(x) for x in servers.events.read_text().splitlines() if x.startswith("{")]
+        assert not [e for e in events if e["event"] == "registration"], events
+        assert STATIC_SECRET.encode() not in daemon.audit_bytes() and STATIC_SECRET not in caplog.text
+
+        # Another client id is another launch config: it needs trust again before anything signs in.
+        oauth["clientId"] = "someone-else"
+        write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url, "oauth": oauth}})
+        refused = await daemon.control("POST", "/control/connectors/remote/connect", expect=None)
+        assert "not trusted as configured now" in json.dumps(refused), refused
