@@ -301,3 +301,36 @@ async def test_a_pre_registered_client_from_mcp_json_signs_in_without_dynamic_re
         write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url, "oauth": oauth}})
         refused = await daemon.control("POST", "/control/connectors/remote/connect", expect=None)
         assert "not trusted as configured now" in json.dumps(refused), refused
+
+
+async def test_the_connectors_own_route_signs_its_relayed_connection_in_and_fails_fast_without_a_sign_in(
+    daemon: Daemon, servers: Servers
+) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    await trust_remote(daemon, servers)
+    await sign_in(daemon)  # the route exists once the tools are learned, which needs the sign-in
+    session = await daemon.new_session(mode="bypass", connector="remote")
+    assert session["url"].endswith("/mcp/connectors/remote")
+    async with asyncio.timeout(BOUND), mcp_client(session) as client:
+        assert tool_text(await client.call_tool("echo", {"text": "relayed"})) == "relayed"
+    async with asyncio.timeout(BOUND), mcp_client(session, mode="auto") as client:
+        assert tool_text(await client.call_tool("echo", {"text": "modern"})) == "modern"
+
+    await daemon.control("POST", "/control/connectors/remote/revoke")
+    grants = len(servers.grants())
+    started = time.monotonic()
+    with pytest.raises(BaseException) as caught:
+        async with asyncio.timeout(BOUND), mcp_client(session):
+            pass
+    (refused,) = _leaves(caught.value)
+    assert isinstance(refused, MCPError), refused
+    assert "needs a sign-in: run sidecar connectors connect remote" in str(refused)
+    assert time.monotonic() - started < 5 and len(servers.grants()) == grants
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (anyio task groups wrap what the SDK client raises)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
