@@ -334,3 +334,33 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if isinstance(exc, BaseExceptionGroup):
         return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
     return [exc]
+
+
+async def test_after_a_restart_the_stored_sign_in_is_ready_and_refreshes_silently(
+    home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    from sidecar.paths import Paths
+
+    with oauth_servers(tmp_path, AT_TTL="3") as servers:
+        servers_config = {
+            "remote": {"type": "http", "url": servers.mcp_url},
+            "declared": {"type": "http", "url": servers.mcp_url, "oauth": {"clientId": "never-signed-in"}},
+        }
+        async with running_daemon(Paths.resolve(), workspace) as first:
+            write_user_servers(first, servers_config)
+            await first.control("POST", "/control/connectors/remote/trust")
+            await sign_in(first)
+            session = await first.new_session(mode="bypass", allow=["mcp__remote__*"])
+            assert await call_echo(first, session, "before") == "before"
+        codes, refreshes = len(servers.grants("authorization_code")), len(servers.grants("refresh_token"))
+        await asyncio.sleep(3.2)  # the access token (3 s) expires while no daemon runs
+
+        async with running_daemon(Paths.resolve(), workspace) as second:
+            shown = await second.control("GET", "/control/connectors/remote")
+            assert shown["auth"] == "ready", shown
+            declared = await second.control("GET", "/control/connectors/declared")
+            assert declared["auth"] == "unauthorized", declared
+            session = await second.new_session(mode="bypass", allow=["mcp__remote__*"])
+            assert await call_echo(second, session, "after") == "after"
+        assert len(servers.grants("authorization_code")) == codes  # no new sign-in
+        assert len(servers.grants("refresh_token")) == refreshes + 1  # one silent refresh
