@@ -270,6 +270,9 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         deferral=Deferral(default=settings.tools.defer_connectors, direct=frozenset(settings.tools.direct_connectors)),
     )
     sessions.subscribe(lambda session, event: service.session_ended(session.id) if event == "ended" else None)
+    # Each remote connector's sign-in state as stored (``ready`` after a restart), before any call.
+    remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http"]
+    await app[OAUTH].load({spec.id: spec.launch.oauth is not None for spec in remote})
     watched = [paths.config, paths.data / "plugins", paths.data / "connectors", SHIPPED_CONNECTORS]
     for directory in watched[1:3]:
         ensure_private_dir(directory)

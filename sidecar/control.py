@@ -7,9 +7,10 @@ are refused, so a typo is an error, not a silently ignored option).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -18,14 +19,21 @@ from sidecar import __version__
 from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, OAUTH, ROUTES, RUNTIME, SESSIONS, SETTINGS, TRUST
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.pool import LaunchContext, launch_plan
-from sidecar.errors import NotFound, RequestRejected
+from sidecar.connectors.spec import OAuthClient
+from sidecar.errors import NotFound, RequestRejected, StorageError
 from sidecar.http import json_response
 from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
 from sidecar.net.body import read_json
+from sidecar.oauth.broker import PreRegistered
+from sidecar.store.files import read_private
 from sidecar.text import preview
 from sidecar.validation import render_errors
 
 __all__ = ["add_control_routes"]
+
+
+_MAX_SECRET_BYTES: Final = 4096
+"""A client secret file holds one secret: anything longer is the wrong file."""
 
 
 class _Body(BaseModel):
@@ -238,6 +246,7 @@ def _connector(app: web.Application, connector: Connector, *, detail: bool = Fal
 async def connect_connector(request: web.Request) -> web.Response:
     """Start (or join) a remote connector's OAuth sign-in: ``{"authorization_url", "flow", "auth"}``."""
     app, connector_id = request.app, request.match_info["connector_id"]
+    app[CONNECTORS].manager.refresh()  # the config as it is now on disk, not as the watcher last saw it
     connector = app[CONNECTORS].manager.get(connector_id)
     if connector.spec.launch.transport != "http":
         raise RequestRejected(f"connector {connector_id} is not a remote (http) server; only those sign in")
@@ -248,8 +257,31 @@ async def connect_connector(request: web.Request) -> web.Response:
     plan = launch_plan(connector.spec, LaunchContext(origin="", authorization="", envelope="", workspace=""))
     if plan.url is None:
         raise RequestRejected(f"connector {connector_id} has no URL")
-    flow = await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers)
+    client = await _pre_registered(connector_id, connector.spec.launch.oauth)
+    flow = await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers, client=client)
     return json_response(flow, headers={"Cache-Control": "no-store"})
+
+
+async def _pre_registered(connector_id: str, client: OAuthClient | None) -> PreRegistered | None:
+    """The entry's ``oauth`` client, its secret read from its file now (never logged, audited or echoed)."""
+    if client is None:
+        return None
+    secret = None
+    if client.secret_file is not None:
+        try:
+            # SECURITY: read_private refuses a file that is not ours, is group/world accessible, or a link.
+            raw = await asyncio.to_thread(read_private, client.secret_file, max_bytes=_MAX_SECRET_BYTES)
+            secret = raw.decode("utf-8").strip()
+        except FileNotFoundError:
+            raise RequestRejected(
+                f"connector {connector_id}: the client secret file {client.secret_file} is missing"
+            ) from None
+        except (StorageError, UnicodeDecodeError) as exc:
+            why = str(exc) if isinstance(exc, StorageError) else "it is not UTF-8 text"
+            raise RequestRejected(f"connector {connector_id}: cannot use the client secret file: {why}") from None
+        if not secret:
+            raise RequestRejected(f"connector {connector_id}: the client secret file {client.secret_file} is empty")
+    return PreRegistered(client.client_id, secret, client.scopes)
 
 
 async def revoke_connector(request: web.Request) -> web.Response:

@@ -101,6 +101,7 @@ class Connector:
                     "url": launch.url,
                     "tool_risks": dict(self.spec.tool_risks),
                     "oauth": self.spec.oauth is not None,
+                    "oauth_client": launch.oauth.client_id if launch.oauth is not None else None,
                     "tool_drift": dict(self.tool_drift),
                 }
             )

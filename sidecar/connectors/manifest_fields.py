@@ -27,6 +27,7 @@ __all__ = [
     "PLACEHOLDERS",
     "ApiBaseUrl",
     "ClientSecret",
+    "ClientSecretFile",
     "Command",
     "Context",
     "Cwd",
@@ -34,6 +35,7 @@ __all__ = [
     "EnvName",
     "Headers",
     "HttpOnly",
+    "InlineClientSecret",
     "LaunchText",
     "LaunchUrl",
     "OneServer",
@@ -285,6 +287,21 @@ def _public_client(value: object) -> NoReturn:
     raise ValueError("not allowed: sidecar uses PKCE as a public client; remove the secret")
 
 
+def _secret_in_a_file(value: object) -> NoReturn:
+    # SECURITY: mcp.json is read by agent hosts and copied around; a secret belongs in a file of its own.
+    raise ValueError(
+        'is not allowed inline: put the secret in a file only you can read and name that file in "clientSecretFile"'
+    )
+
+
+def _absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("must be an absolute path")
+    if _PLACEHOLDER.search(value):
+        raise ValueError("must be a plain path, without placeholders")
+    return value
+
+
 def _names_its_directory(name: str, info: ValidationInfo) -> str:
     # SECURITY: the directory names the plugin and prefixes its ids; the manifest may not claim another.
     directory = context_of(info).directory
@@ -334,6 +351,10 @@ UnknownTransport = Annotated[Any, AfterValidator(_no_such_transport)]
 """The ``type`` of an entry sidecar cannot run: always refused, naming SSE or the unknown name."""
 ClientSecret = Annotated[None, BeforeValidator(_public_client)]
 """Refused whenever present; its value is never read nor repeated."""
+InlineClientSecret = Annotated[None, BeforeValidator(_secret_in_a_file)]
+"""``clientSecret`` in an entry's ``oauth``: refused whenever present, pointing at ``clientSecretFile``."""
+ClientSecretFile = Annotated[Text, AfterValidator(_absolute_path)]
+"""The absolute path of the file holding a pre-registered client's secret (read at sign-in, never copied)."""
 GIVEN: Final = BeforeValidator(_not_null)
 """On ``X | None = None``: the key may be left out, but ``null`` is not a way to leave it out."""
 ABSENT: Final[Any] = object()

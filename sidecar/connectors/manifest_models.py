@@ -9,7 +9,7 @@ themselves are the checked types of ``manifest_fields``.
 
 A file's ``mcpServers`` are held raw and each entry is validated on its own (``validate_entry``), so one
 broken entry hides no other. An entry is stdio (``StdioEntry``, ``{"command", "args", "env", "cwd"}``) or
-Streamable HTTP (``HttpEntry``, ``{"type": "http", "url", "headers"}``); ``entry_model`` picks by ``type``.
+Streamable HTTP (``HttpEntry``, ``{"type": "http", "url", "headers", "oauth"}``); ``entry_model`` picks by ``type``.
 Validate with a ``manifest_fields.Context`` as pydantic's context: some rules depend on where a file sits.
 """
 
@@ -24,6 +24,7 @@ from sidecar.connectors.manifest_fields import (
     GIVEN,
     ApiBaseUrl,
     ClientSecret,
+    ClientSecretFile,
     Command,
     Context,
     Cwd,
@@ -31,6 +32,7 @@ from sidecar.connectors.manifest_fields import (
     EnvName,
     Headers,
     HttpOnly,
+    InlineClientSecret,
     LaunchText,
     LaunchUrl,
     OneServer,
@@ -51,6 +53,7 @@ from sidecar.connectors.manifest_fields import (
 __all__ = [
     "ConnectorFile",
     "HttpEntry",
+    "HttpOAuth",
     "OAuthClientFile",
     "PackageServersFile",
     "PluginFile",
@@ -101,6 +104,26 @@ class _Entry(_Model):
         return value
 
 
+class HttpOAuth(_Model):
+    """An HTTP entry's ``oauth``: a client registered with the server's authorization server beforehand
+    (for one without dynamic registration), used instead of registering sidecar there."""
+
+    client_id: Text = Field(alias="clientId")
+    client_secret_file: Annotated[ClientSecretFile | None, GIVEN] = Field(default=None, alias="clientSecretFile")
+    """Absolute path of a file (0600, the user's own) holding the client secret; read at each sign-in."""
+    client_secret: InlineClientSecret = Field(default=None, alias="clientSecret", exclude=True)
+    """Refused whenever present; its value is never read nor repeated."""
+    scopes: list[ScopeToken] = Field(default_factory=list)
+    """The scopes to ask for; empty: what the server's challenge or metadata names."""
+
+    @field_validator("client_id")
+    @classmethod
+    def _packages_declare_clients_elsewhere(cls, value: str, info: ValidationInfo) -> str:
+        if context_of(info).kind == "package":
+            raise ValueError("a package declares its OAuth client in oauth-client.json")
+        return value
+
+
 class StdioEntry(_Entry):
     """A server sidecar starts: argv is ``command`` + ``args``; ``env`` is added to a scrubbed environment."""
 
@@ -111,6 +134,7 @@ class StdioEntry(_Entry):
     cwd: Annotated[Cwd | None, GIVEN] = None
     url: HttpOnly = None
     headers: HttpOnly = None
+    oauth: HttpOnly = None
 
 
 class HttpEntry(_Entry):
@@ -119,6 +143,8 @@ class HttpEntry(_Entry):
     type: Literal["http", "streamable-http"] | None = None
     url: LaunchUrl
     headers: Headers = Field(default_factory=dict)
+    oauth: HttpOAuth | None = None
+    """A pre-registered OAuth client (``{"clientId", "clientSecretFile", "scopes"}``); part of the trust key."""
     command: StdioOnly = None
     args: StdioOnly = None
     env: StdioOnly = None

@@ -43,7 +43,7 @@ from sidecar.connectors.manifest_models import (
     is_disabled,
     validate_entry,
 )
-from sidecar.connectors.spec import ConnectorSpec, LaunchConfig, ManifestProblem
+from sidecar.connectors.spec import ConnectorSpec, LaunchConfig, ManifestProblem, OAuthClient
 from sidecar.errors import ConfigError, StorageError
 from sidecar.store.files import loads_strict, read_private
 from sidecar.validation import error_lines, problem_line, quote, render_errors
@@ -161,7 +161,11 @@ def _entry_facts(entry: StdioEntry | HttpEntry, file_default: bool | list[str] |
 def _launch(entry: StdioEntry | HttpEntry) -> LaunchConfig:
     if isinstance(entry, HttpEntry):
         headers = MappingProxyType(dict(entry.headers))
-        return LaunchConfig("http", None, (), MappingProxyType({}), None, entry.url, headers)
+        oauth = None
+        if entry.oauth is not None:
+            secret = entry.oauth.client_secret_file
+            oauth = OAuthClient(entry.oauth.client_id, Path(secret) if secret else None, tuple(entry.oauth.scopes))
+        return LaunchConfig("http", None, (), MappingProxyType({}), None, entry.url, headers, oauth)
     env = MappingProxyType(dict(entry.env))
     return LaunchConfig("stdio", entry.command, tuple(entry.args), env, entry.cwd, None, MappingProxyType({}))
 

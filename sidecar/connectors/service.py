@@ -80,6 +80,7 @@ class ConnectorService:
             per_session=limits.per_session,
             idle_seconds=limits.idle_seconds,
             failures=self.failures,
+            http_auth=http_auth,
         )
         self.tools = ConnectorTools(
             registry=registry,

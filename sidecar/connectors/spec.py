@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ConnectorSpec", "LaunchConfig", "ManifestProblem"]
+__all__ = ["ConnectorSpec", "LaunchConfig", "ManifestProblem", "OAuthClient"]
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthClient:
+    """A pre-registered OAuth client of a remote server (an HTTP entry's ``oauth``); the secret stays in its file."""
+
+    client_id: str
+    secret_file: Path | None
+    scopes: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +37,8 @@ class LaunchConfig:
     url: str | None
     """http: ``https://`` anywhere, ``http://`` only to a loopback host."""
     headers: Mapping[str, str]
+    oauth: OAuthClient | None = None
+    """http: the client to sign in as, instead of registering one dynamically."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 ``trust_key(spec)`` is ``<id>::<sha256>`` over the canonical launch config and, for packages and plugins,
 the digest of every file in the connector's directory. Any change to the command, the args, the env *keys*,
-the cwd, the url, the header *names*, an offline declaration or a package file changes the key, so an
+the cwd, the url, the header *names*, the pre-registered OAuth client (its id, its secret file's path, its
+scopes), an offline declaration or a package file changes the key, so an
 approval given to one config never carries over to another (the swapped-config attack of Cursor's
 CVE-2025-54136). Env and header *values* are left out on purpose: they hold secrets the user rotates, and
 rotating a token must not revoke trust.
@@ -35,7 +36,9 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
 
     A connector that declares it works offline carries ``"offline": true``: the declaration lets sessions
     without the network use it, so making it must need trust again (a package's is in its files anyway).
-    Connectors that need the network, the default, hash as they always did.
+    Connectors that need the network, the default, hash as they always did. A remote server with a
+    pre-registered OAuth client carries ``"oauth"`` (client id, secret file path, scopes; never the
+    secret): signing in as another client is another config. Servers without one hash as before.
     """
     launch = spec.launch
     canonical: dict[str, object] = {
@@ -49,6 +52,13 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
     }
     if not spec.network:
         canonical["offline"] = True
+    if launch.oauth is not None:
+        secret_file = launch.oauth.secret_file
+        canonical["oauth"] = {
+            "client_id": launch.oauth.client_id,
+            "secret_file": str(secret_file) if secret_file is not None else None,
+            "scopes": list(launch.oauth.scopes),
+        }
     return canonical_json(canonical)
 
 

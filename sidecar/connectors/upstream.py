@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Final, Protocol
 
 import anyio
+import httpx2
 from mcp.shared.dispatcher import CallOptions, DispatchContext
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
@@ -33,7 +34,14 @@ from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUE
 
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manifests import ConnectorSpec
-from sidecar.connectors.pool import CALL_TIMEOUT, LaunchContext, LaunchPlan, http_transport, launch_plan
+from sidecar.connectors.pool import (
+    CALL_TIMEOUT,
+    HttpAuthSource,
+    LaunchContext,
+    LaunchPlan,
+    http_transport,
+    launch_plan,
+)
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
 from sidecar.text import preview
@@ -69,10 +77,13 @@ class Upstream:
         name: str,
         limits: ProcessLimits | None = None,
         on_failure: FailureCallback | None = None,
+        auth: httpx2.Auth | None = None,
     ) -> None:
         """``on_failure`` is called once with the reason and the stderr tail if its process fails (ends
-        without ``close()`` asking it to), after the process has been stopped."""
+        without ``close()`` asking it to), after the process has been stopped. ``auth`` authenticates a
+        Streamable HTTP connection (the OAuth broker's, shared with the pool)."""
         self.name = name
+        self._auth = auth
         self._on_failure = on_failure
         self._plan = plan
         self._limits = limits or ProcessLimits()
@@ -212,8 +223,11 @@ class Upstream:
         except Exception as exc:
             reason = (self._process.exit_reason if self._process else None) or f"{type(exc).__name__}: {exc}"
             reason = preview(reason, 200, quote=False)
+            refused = _first_tool_error(exc)  # the auth's own verdict (a sign-in is needed) is the reason
+            if refused is not None:
+                reason = str(refused)
             if not ready.done():
-                ready.set_exception(ToolError(f"connector {self.name} failed to start: {reason}"))
+                ready.set_exception(refused or ToolError(f"connector {self.name} failed to start: {reason}"))
             if not self._report_failure(reason):
                 logger.warning("relay to connector %s ended: %s", self.name, reason)
         else:
@@ -247,13 +261,25 @@ class Upstream:
     async def _transport(self) -> AsyncIterator[Any]:
         plan = self._plan
         if plan.url is not None:
-            async with http_transport(plan) as streams:
+            async with http_transport(plan, auth=self._auth) as streams:
                 yield streams
             return
         process = ConnectorProcess(plan.argv, env=plan.env, cwd=plan.cwd, limits=self._limits, name=self.name)
         self._process = process
         async with process, process.transport() as streams:
             yield streams
+
+
+def _first_tool_error(exc: BaseException) -> ToolError | None:
+    """The first ``ToolError`` in ``exc`` or (anyio task groups wrap) the groups inside it."""
+    if isinstance(exc, ToolError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _first_tool_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 class Upstreams:
@@ -279,9 +305,12 @@ class Upstreams:
         per_session: int = 4,
         idle_seconds: float = 900.0,
         failures: FailureLog | None = None,
+        http_auth: HttpAuthSource | None = None,
     ) -> None:
-        """``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``."""
+        """``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``;
+        ``http_auth`` authenticates remote (Streamable HTTP) connectors, as it does the pool's."""
         self._context = context
+        self._http_auth = http_auth
         self._admit = admit
         self._failures = failures if failures is not None else FailureLog()
         self._start_timeout = start_timeout
@@ -309,11 +338,16 @@ class Upstreams:
         """A new connection of the session's own; ``ToolError`` when a cap is reached and nothing of this
         session can give way, when its trust no longer holds on disk (``admit``), or it cannot start."""
         self._admit(spec)
+        auth = None
+        if spec.launch.transport == "http" and self._http_auth is not None:
+            self._http_auth.require(spec.id)  # a connector that needs a sign-in fails fast, with the remedy
+            auth = self._http_auth.auth_for(spec.id)
         await self._make_room(session_id, spec.id)
         upstream = Upstream(
             launch_plan(spec, self._context(session_id, workspace)),
             name=spec.id,
             on_failure=lambda reason, stderr: self._failures.record(spec.id, session_id, reason=reason, stderr=stderr),
+            auth=auth,
         )
         self._open[upstream] = (session_id, spec.id)
         try:

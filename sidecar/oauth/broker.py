@@ -37,7 +37,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
 from pydantic import AnyUrl
 
-from sidecar.errors import Conflict
+from sidecar.errors import Conflict, StorageError
 from sidecar.oauth.flow import AuthorizationRefused, build_provider
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
@@ -136,6 +136,22 @@ class Broker:
         keeper = self.keeper(connector_id)
         if keeper.state is SignIn.NONE:
             keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
+
+    async def load(self, connectors: Mapping[str, bool]) -> None:
+        """At start: each remote connector's sign-in state from what the store holds, not ``none`` until
+        its first call. ``connectors``: id → whether its config names an OAuth client. One without usable
+        tokens is ``unauthorized`` when it declares a client or a client was registered for it before
+        (its server asked for OAuth); otherwise ``none`` until the server asks."""
+        for connector_id, declared in connectors.items():
+            keeper = self.keeper(connector_id)
+            try:
+                grant = await keeper.load()
+            except (OSError, StorageError) as exc:  # one unreadable record must not stop the daemon
+                keeper.set_state(SignIn.ERROR, f"the stored sign-in cannot be read: {_describe(exc)}")
+                logger.warning("cannot load the sign-in of %s: %s", connector_id, _describe(exc))
+                continue
+            if keeper.state is SignIn.NONE and (declared or grant is not None):
+                keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
 
     # -- sign-in ---------------------------------------------------------------------------------
 

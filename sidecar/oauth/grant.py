@@ -131,14 +131,19 @@ class GrantKeeper:
         return self._loaded and not has_tokens and self.state in (SignIn.UNAUTHORIZED, SignIn.ERROR, SignIn.STARTING)
 
     async def load(self) -> StoredGrant | None:
-        """(Re-)read the grant from the store; a grant with tokens makes the state ``ready``."""
+        """(Re-)read the grant from the store. Tokens that can still be used (a refresh token, or an access
+        token not yet expired) make the state ``ready``; an expired one that cannot be refreshed makes
+        it ``unauthorized`` (the next call drops it)."""
         async with self._lock:
-            self._grant = await self._storage.current()
+            grant = self._grant = await self._storage.current()
             self._loaded = True
-            if self._grant is not None and self._grant.tokens is not None:
-                self.set_state(SignIn.READY)
-                self._failures, self._retry_at = 0, 0.0
-            return self._grant
+            if grant is not None and grant.tokens is not None:
+                if grant.tokens.refresh_token is not None or not self._expired(grant):
+                    self.set_state(SignIn.READY)
+                    self._failures, self._retry_at = 0, 0.0
+                else:
+                    self.set_state(SignIn.UNAUTHORIZED, "the token expired and the server gave no refresh token")
+            return grant
 
     async def storage_grant(self) -> StoredGrant | None:
         """The grant as stored now (what a revocation must revoke), without changing the state."""

@@ -203,8 +203,9 @@ async def _stored_grant(daemon: Daemon) -> dict[str, Any]:
     store = CredentialStore(
         data / "credentials.enc", choose_key_source(f"credentials:{data}", data / "credentials.key")
     )
-    (record,) = store.records("remote")
-    secret = store.get(record)
+    # A pre-registered client is filed before discovery names the issuer: the newest record is the grant.
+    secrets = [store.get(record) for record in store.records("remote")]
+    secret = max((s for s in secrets if s is not None), key=lambda s: s.get("saved_at", 0), default=None)
     assert secret is not None
     return secret
 
@@ -267,3 +268,99 @@ async def test_no_token_reaches_a_file_or_a_log_line(
             assert secret.encode() not in data, path
     for secret in secrets:
         assert secret not in caplog.text
+
+
+STATIC_ID, STATIC_SECRET = "sidecar-static", "static-secret-value-0123456789"
+
+
+async def test_a_pre_registered_client_from_mcp_json_signs_in_without_dynamic_registration(
+    daemon: Daemon, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    secret_file = tmp_path / "client-secret"
+    secret_file.write_text(STATIC_SECRET + "\n")
+    secret_file.chmod(0o600)
+    redirect = f"http://127.0.0.1:{daemon.port}/oauth/callback"
+    static = {"STATIC_CLIENT_ID": STATIC_ID, "STATIC_CLIENT_SECRET": STATIC_SECRET, "STATIC_REDIRECT_URI": redirect}
+    with oauth_servers(tmp_path, NO_REGISTRATION="1", **static) as servers:
+        oauth = {"clientId": STATIC_ID, "clientSecretFile": str(secret_file), "scopes": ["mcp"]}
+        write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url, "oauth": oauth}})
+        await daemon.control("POST", "/control/connectors/remote/trust")
+        await sign_in(daemon)
+        session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+        assert await call_echo(daemon, session, "static") == "static"
+        grant = await _stored_grant(daemon)
+        assert grant["client"]["client_id"] == STATIC_ID
+        assert (await servers.introspect(grant["tokens"]["access_token"]))["client_id"] == STATIC_ID
+        events = [json.loads(x) for x in servers.events.read_text().splitlines() if x.startswith("{")]
+        assert not [e for e in events if e["event"] == "registration"], events
+        assert STATIC_SECRET.encode() not in daemon.audit_bytes() and STATIC_SECRET not in caplog.text
+
+        # Another client id is another launch config: it needs trust again before anything signs in.
+        oauth["clientId"] = "someone-else"
+        write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url, "oauth": oauth}})
+        refused = await daemon.control("POST", "/control/connectors/remote/connect", expect=None)
+        assert "not trusted as configured now" in json.dumps(refused), refused
+
+
+async def test_the_connectors_own_route_signs_its_relayed_connection_in_and_fails_fast_without_a_sign_in(
+    daemon: Daemon, servers: Servers
+) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    await trust_remote(daemon, servers)
+    await sign_in(daemon)  # the route exists once the tools are learned, which needs the sign-in
+    session = await daemon.new_session(mode="bypass", connector="remote")
+    assert session["url"].endswith("/mcp/connectors/remote")
+    async with asyncio.timeout(BOUND), mcp_client(session) as client:
+        assert tool_text(await client.call_tool("echo", {"text": "relayed"})) == "relayed"
+    async with asyncio.timeout(BOUND), mcp_client(session, mode="auto") as client:
+        assert tool_text(await client.call_tool("echo", {"text": "modern"})) == "modern"
+
+    await daemon.control("POST", "/control/connectors/remote/revoke")
+    grants = len(servers.grants())
+    started = time.monotonic()
+    with pytest.raises(BaseException) as caught:
+        async with asyncio.timeout(BOUND), mcp_client(session):
+            pass
+    (refused,) = _leaves(caught.value)
+    assert isinstance(refused, MCPError), refused
+    assert "needs a sign-in: run sidecar connectors connect remote" in str(refused)
+    assert time.monotonic() - started < 5 and len(servers.grants()) == grants
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (anyio task groups wrap what the SDK client raises)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+async def test_after_a_restart_the_stored_sign_in_is_ready_and_refreshes_silently(
+    home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    from sidecar.paths import Paths
+
+    with oauth_servers(tmp_path, AT_TTL="3") as servers:
+        servers_config = {
+            "remote": {"type": "http", "url": servers.mcp_url},
+            "declared": {"type": "http", "url": servers.mcp_url, "oauth": {"clientId": "never-signed-in"}},
+        }
+        async with running_daemon(Paths.resolve(), workspace) as first:
+            write_user_servers(first, servers_config)
+            await first.control("POST", "/control/connectors/remote/trust")
+            await sign_in(first)
+            session = await first.new_session(mode="bypass", allow=["mcp__remote__*"])
+            assert await call_echo(first, session, "before") == "before"
+        codes, refreshes = len(servers.grants("authorization_code")), len(servers.grants("refresh_token"))
+        await asyncio.sleep(3.2)  # the access token (3 s) expires while no daemon runs
+
+        async with running_daemon(Paths.resolve(), workspace) as second:
+            shown = await second.control("GET", "/control/connectors/remote")
+            assert shown["auth"] == "ready", shown
+            declared = await second.control("GET", "/control/connectors/declared")
+            assert declared["auth"] == "unauthorized", declared
+            session = await second.new_session(mode="bypass", allow=["mcp__remote__*"])
+            assert await call_echo(second, session, "after") == "after"
+        assert len(servers.grants("authorization_code")) == codes  # no new sign-in
+        assert len(servers.grants("refresh_token")) == refreshes + 1  # one silent refresh

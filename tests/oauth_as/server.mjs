@@ -3,17 +3,30 @@
 // Config as in /work/shared/notes/oauth.md §6: DCR, PKCE, RFC 9207 iss, RFC 8707 resource indicators,
 // rotating refresh tokens (reuse revokes the grant), RFC 7009 revocation, RFC 7662 introspection.
 // Env: AT_TTL (access token seconds, default 3600); NO_S256=1 strips code_challenge_methods_supported
-// from the metadata (an AS sidecar must refuse). Prints one JSON line per token-endpoint event to stdout.
+// from the metadata (an AS sidecar must refuse); STATIC_CLIENT_ID, STATIC_CLIENT_SECRET and STATIC_REDIRECT_URI
+// add a pre-registered confidential client; NO_REGISTRATION=1 turns dynamic registration off. Prints one
+// JSON line per token-endpoint event and per dynamic registration to stdout.
 import http from 'node:http';
 import Provider from 'oidc-provider';
 
 const [port, resource] = process.argv.slice(2);
 const issuer = `http://127.0.0.1:${port}`;
+const clients = [{ client_id: 'rs', client_secret: 'rs-secret', grant_types: [], response_types: [], redirect_uris: [] }];
+if (process.env.STATIC_CLIENT_ID) {
+  clients.push({
+    client_id: process.env.STATIC_CLIENT_ID,
+    client_secret: process.env.STATIC_CLIENT_SECRET,
+    redirect_uris: [process.env.STATIC_REDIRECT_URI],
+    grant_types: ['authorization_code', 'refresh_token'],
+    response_types: ['code'],
+    token_endpoint_auth_method: 'client_secret_basic',
+  });
+}
 const provider = new Provider(issuer, {
-  clients: [{ client_id: 'rs', client_secret: 'rs-secret', grant_types: [], response_types: [], redirect_uris: [] }],
+  clients,
   features: {
     devInteractions: { enabled: false },
-    registration: { enabled: true },
+    registration: { enabled: process.env.NO_REGISTRATION !== '1' },
     revocation: { enabled: true },
     introspection: { enabled: true },
     resourceIndicators: {
@@ -30,6 +43,7 @@ const provider = new Provider(issuer, {
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
 });
 provider.on('grant.success', (ctx) => console.log(JSON.stringify({ event: 'grant', type: ctx.oidc.params.grant_type })));
+provider.on('registration_create.success', (ctx, client) => console.log(JSON.stringify({ event: 'registration', client: client.clientId })));
 provider.on('grant.error', (ctx, err) => console.log(JSON.stringify({ event: 'grant.error', error: err.error })));
 provider.on('server_error', (ctx, err) => console.error(err));
 const callback = provider.callback();

@@ -190,6 +190,49 @@ def test_user_servers_load_in_the_shapes_hosts_write(tmp_path: Path) -> None:
     assert dict(by_id["time"].tool_risks) == {}
 
 
+def test_an_http_entry_may_name_a_pre_registered_oauth_client_with_its_secret_in_a_file(tmp_path: Path) -> None:
+    oauth = {"clientId": "Iv1.abc", "clientSecretFile": "/home/u/.config/gh-secret", "scopes": ["repo", "read:org"]}
+    path = _write(tmp_path / "mcp.json", {"mcpServers": {"github": {**GOOD_HTTP, "oauth": oauth}}})
+    (spec,), problems = load_user_servers(path)
+    assert problems == []
+    client = spec.launch.oauth
+    assert client is not None
+    assert (client.client_id, client.secret_file, client.scopes) == (
+        "Iv1.abc",
+        Path("/home/u/.config/gh-secret"),
+        ("repo", "read:org"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("oauth", "words"),
+    [
+        ({"clientId": "a", "clientSecret": "s3cr3t-value"}, 'name that file in "clientSecretFile"'),
+        ({"clientId": "a", "clientSecretFile": "secret.txt"}, "must be an absolute path"),
+        ({"clientId": "a", "clientSecretFile": "${SIDECAR_CONNECTOR_ROOT}/s"}, "must be an absolute path"),
+        ({"clientId": "a", "callbackPort": 8080}, "callbackPort"),
+        ({"clientId": "a", "scopes": ["two words"]}, "scope token"),
+        ({"clientSecretFile": "/s"}, "clientId"),
+        ({"clientId": "a", "clientSecretFile": None}, "clientSecretFile"),
+    ],
+)
+def test_an_oauth_block_is_validated_strictly_and_an_inline_secret_is_never_repeated(
+    tmp_path: Path, oauth: dict[str, Any], words: str
+) -> None:
+    path = _write(tmp_path / "mcp.json", {"mcpServers": {"r": {**GOOD_HTTP, "oauth": oauth}}})
+    specs, problems = load_user_servers(path)
+    assert specs == []
+    message = _only(problems).message
+    assert words in message, message
+    assert "s3cr3t-value" not in message
+
+
+def test_an_oauth_block_is_refused_on_a_stdio_server(tmp_path: Path) -> None:
+    path = _write(tmp_path / "mcp.json", {"mcpServers": {"s": {**GOOD_STDIO, "oauth": {"clientId": "a"}}}})
+    specs, problems = load_user_servers(path)
+    assert specs == [] and "oauth" in _only(problems).message
+
+
 def test_disabled_servers_are_skipped_even_when_broken(tmp_path: Path) -> None:
     path = _write(
         tmp_path / "mcp.json",

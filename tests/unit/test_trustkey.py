@@ -134,6 +134,28 @@ def test_editing_the_url_or_a_header_name_changes_the_key() -> None:
     assert trust_key(_with_launch(spec, headers=MappingProxyType({"X-Other": "v1"}))) != trust_key(spec)
 
 
+def test_the_pre_registered_oauth_client_is_part_of_the_key_but_a_server_without_one_hashes_as_before(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "mcp.json"
+    remote: dict[str, Any] = {"type": "http", "url": "https://mcp.example.com/mcp"}
+    variants: list[dict[str, Any] | None] = [
+        None,
+        {"clientId": "one"},
+        {"clientId": "two"},
+        {"clientId": "one", "scopes": ["repo"]},
+        {"clientId": "one", "clientSecretFile": "/home/u/secret"},
+    ]
+    keys = []
+    for oauth in variants:
+        _write(path, {"mcpServers": {"r": {**remote, **({"oauth": oauth} if oauth else {})}}})
+        (spec,), problems = load_user_servers(path)
+        assert problems == []
+        keys.append(trust_key(spec))
+    assert len(set(keys)) == len(variants)
+    assert b"oauth" not in canonical_launch(_http_spec())
+
+
 def test_changing_an_env_or_header_value_keeps_the_key(package: Path) -> None:
     spec = load_package(package)
     rotated = _with_launch(spec, env=_env(spec, API_TOKEN="secret-two"))
