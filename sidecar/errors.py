@@ -19,6 +19,7 @@
     ├── Unauthorized                    401   unauthorized        missing or wrong bearer token
     ├── NotFound                        404   not_found
     ├── Conflict                        409   conflict            e.g. a second daemon on one home
+    ├── AuthorizationRefused            502   authorization_refused  an OAuth server we will not sign in to
     └── ToolError                       --    tool_error          becomes an MCP result with isError
 
 No module here imports aiohttp: the mapping to responses lives at the edges (``sidecar/http.py``).
@@ -33,6 +34,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AuthorizationRefused",
     "BodyTooDeep",
     "BodyTooLarge",
     "ConfigError",
@@ -137,6 +139,13 @@ class NotFound(SidecarError):
 class Conflict(SidecarError):
     status = 409
     code = "conflict"
+
+
+class AuthorizationRefused(SidecarError):
+    """We will not authorize against this server (unsafe metadata or URL), or it gave no code."""
+
+    status = 502
+    code = "authorization_refused"
 
 
 class ToolError(SidecarError):

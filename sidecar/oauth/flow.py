@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import ClassVar, Final, Protocol
+from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2
@@ -30,7 +30,7 @@ from mcp.client.auth.oauth2 import OAuthClientProvider, OAuthContext
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata, OAuthMetadata
 from pydantic import AnyUrl
 
-from sidecar.errors import SidecarError
+from sidecar.errors import AuthorizationRefused
 from sidecar.oauth.sdk_context import discovered
 from sidecar.oauth.storage import CredentialTokenStorage
 
@@ -51,13 +51,6 @@ PKCE_METHOD: Final = "S256"
 AUTHORIZE_TIMEOUT: Final = 30.0
 """Seconds the headless driver waits for the authorization endpoint's redirect."""
 _REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
-
-
-class AuthorizationRefused(SidecarError):
-    """We will not authorize against this server (unsafe metadata or URL), or it gave no code."""
-
-    status: ClassVar[int] = 502
-    code: ClassVar[str] = "authorization_refused"
 
 
 class AuthorizationDriver(Protocol):
