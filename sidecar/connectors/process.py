@@ -33,7 +33,6 @@ stopped); anything else raises ``ProcessStateError`` naming both states.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import os
@@ -47,6 +46,7 @@ from mcp.client import Transport
 
 from sidecar.connectors.framing import StderrTail, StdioFraming
 from sidecar.connectors.orphans import ORPHANAGE, TREE_VARIABLE, Orphanage
+from sidecar.connectors.stopping import close_stdin, close_subprocess_transport, describe_exit, until
 from sidecar.system import ProcessTree, pid_alive, signal_group
 
 __all__ = [
@@ -78,8 +78,6 @@ connectors (``_TABLE_REUSE``), so the period trades CPU against the double-fork 
 
 _EXIT_POLL: Final = 0.1
 """Seconds between returncode checks while running: a crash whose pipes a descendant holds is noticed this late."""
-_STOP_POLL: Final = 0.01
-"""Seconds between checks while stopping (the SDK polls at the same rate)."""
 _TREE_GONE_WAIT: Final = 0.5
 """Seconds for SIGKILLed group members and escapees to die after the final kill."""
 _DRAIN_WAIT: Final = 0.2
@@ -306,7 +304,7 @@ class ConnectorProcess:
             if reason is not None:
                 self._exit_reason = reason
             elif rc is not None:
-                self._exit_reason = _describe_exit(rc)
+                self._exit_reason = describe_exit(rc)
             elif not self._ended_first(self._proc):
                 self._exit_reason = _STOPPED
             # else: it ended on its own a moment ago and asyncio has not collected the code yet; the shutdown
@@ -343,10 +341,10 @@ class ConnectorProcess:
             self._scan_tree(max_age=0)
             self._tree.kill()
             self._orphanage.release(self._tag, leader_collected=proc.returncode is not None)
-            if not await _until(lambda: not self._tree.alive(), min(_TREE_GONE_WAIT, deadline - loop.time())):
+            if not await until(lambda: not self._tree.alive(), min(_TREE_GONE_WAIT, deadline - loop.time())):
                 logger.warning("connector %s: processes of its tree survived SIGKILL", self.name)
             readers = [t for t in (self._pump, self._stderr_task) if t is not None]
-            await _until(lambda: all(t.done() for t in readers), min(_DRAIN_WAIT, deadline - loop.time()))
+            await until(lambda: all(t.done() for t in readers), min(_DRAIN_WAIT, deadline - loop.time()))
         except Exception:
             logger.exception("connector %s: stopping failed; closing its pipes anyway", self.name)
         finally:
@@ -374,15 +372,15 @@ class ConnectorProcess:
     def _name_exit(self, proc: asyncio.subprocess.Process) -> None:
         """Name an exit that ``_request_stop`` found the connector began on its own, now that the code is known."""
         if self._exit_reason is None:
-            self._exit_reason = _describe_exit(proc.returncode) if proc.returncode is not None else "exited"
+            self._exit_reason = describe_exit(proc.returncode) if proc.returncode is not None else "exited"
 
     def _release(self, proc: asyncio.subprocess.Process) -> None:
         """End the session's read side, close our pipe ends and cancel the helper tasks."""
         self._framing.end_inbound()
         if not self._attached:  # otherwise the session owns (and closes) the read stream
             self._framing.inbound.close()
-        _close_stdin(proc)
-        _close_subprocess_transport(proc)
+        close_stdin(proc)
+        close_subprocess_transport(proc)
         current = asyncio.current_task()
         for task in self._tasks:
             if task is not current:
@@ -395,25 +393,25 @@ class ConnectorProcess:
             return proc.returncode is not None
 
         self._scan_tree(max_age=0)
-        _close_stdin(proc, graceful=True)
-        if await _until(exited, min(GRACE, deadline - loop.time())):
+        close_stdin(proc, graceful=True)
+        if await until(exited, min(GRACE, deadline - loop.time())):
             return
         self._scan_tree(max_age=0)
         signal_group(proc.pid, signal.SIGTERM)
-        if await _until(exited, min(TERM_WAIT, deadline - loop.time())):
+        if await until(exited, min(TERM_WAIT, deadline - loop.time())):
             return
         self._scan_tree(max_age=0)
         signal_group(proc.pid, signal.SIGKILL)
-        if not await _until(exited, min(KILL_WAIT, deadline - loop.time())):
+        if not await until(exited, min(KILL_WAIT, deadline - loop.time())):
             logger.warning("connector %s: pid %d survived SIGKILL; abandoning it", self.name, proc.pid)
 
     async def _abandon(self, proc: asyncio.subprocess.Process) -> None:
         signal_group(proc.pid, signal.SIGKILL)
         try:
-            await _until(lambda: proc.returncode is not None, KILL_WAIT, absorb_cancel=False)
+            await until(lambda: proc.returncode is not None, KILL_WAIT, absorb_cancel=False)
         finally:
             self._orphanage.release(self._tag, leader_collected=proc.returncode is not None)
-        _close_subprocess_transport(proc)
+        close_subprocess_transport(proc)
 
     async def _monitor(self) -> None:
         """Notice the exit (even when a descendant holds the pipes) and record descendants meanwhile."""
@@ -427,7 +425,7 @@ class ConnectorProcess:
             if loop.time() >= next_scan:
                 self._scan_tree(max_age=_TABLE_REUSE)
                 next_scan = loop.time() + TREE_SCAN_INTERVAL
-        self._request_stop(_describe_exit(proc.returncode))
+        self._request_stop(describe_exit(proc.returncode))
 
     def _spawn(self, coro: Coroutine[object, object, None], what: str) -> asyncio.Task[None]:
         task = asyncio.create_task(coro, name=f"connector {self.name} {what}")
@@ -469,57 +467,3 @@ class ConnectorProcess:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
-
-
-def _describe_exit(returncode: int) -> str:
-    if returncode >= 0:
-        return f"exited with code {returncode}"
-    try:
-        return f"killed by {signal.Signals(-returncode).name}"
-    except ValueError:
-        return f"killed by signal {-returncode}"
-
-
-async def _until(condition: Callable[[], bool], seconds: float, *, absorb_cancel: bool = True) -> bool:
-    """Poll ``condition`` until true (True) or ``seconds`` pass (False).
-
-    In the shutdown task a cancel is absorbed, not obeyed: the wait is bounded, and a teardown cut halfway
-    would leak the tree (STYLE habit 7). Event-loop teardown cancels every task and then waits for them, so
-    the shutdown still completes, and the child's exit is observed before the loop closes (otherwise asyncio's
-    Popen is collected "still running").
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + max(0.0, seconds)
-    while not condition():
-        if loop.time() >= deadline:
-            return False
-        try:
-            await asyncio.sleep(_STOP_POLL)
-        except asyncio.CancelledError:
-            if not absorb_cancel:
-                raise
-            logger.debug("cancel during a connector stop absorbed; the stop is bounded and finishes first")
-    return True
-
-
-def _close_stdin(proc: asyncio.subprocess.Process, *, graceful: bool = False) -> None:
-    """Close the connector's stdin: gracefully (after buffered writes) to ask it to exit, or abort at the end."""
-    if proc.stdin is None or proc.stdin.transport.is_closing():
-        return
-    with contextlib.suppress(OSError, RuntimeError):
-        if graceful:
-            proc.stdin.close()
-        else:
-            proc.stdin.transport.abort()
-
-
-def _close_subprocess_transport(proc: asyncio.subprocess.Process) -> None:
-    """Close asyncio's subprocess transport, which otherwise stays open while a survivor holds a pipe.
-
-    Nothing public exposes it (the SDK's stdio client does the same attribute walk).
-    """
-    transport = getattr(proc, "_transport", None)
-    close = getattr(transport, "close", None)
-    if callable(close):
-        with contextlib.suppress(PermissionError):
-            close()
