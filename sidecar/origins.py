@@ -11,11 +11,12 @@ The parser is hand-written on purpose: ``urlsplit`` drops tabs and newlines, acc
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Final
 
 from sidecar.text import preview
 
-__all__ = ["MAX_PORT", "Origin", "parse_origin", "split_host_port"]
+__all__ = ["MAX_PORT", "Origin", "is_loopback_host", "parse_origin", "split_host_port"]
 
 Origin = tuple[str, str, int]
 """An origin as compared by the guard: (scheme, lower-case host, port with the default filled in)."""
@@ -26,6 +27,17 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _REG_NAME_CHARS: Final = frozenset("0123456789abcdefghijklmnopqrstuvwxyz.-_~")
 _IPV6_CHARS: Final = frozenset("0123456789abcdef:.")
 _DIGITS: Final = frozenset("0123456789")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback IP literal (no brackets): where plain ``http`` may go without leaving the
+    machine. Any other name could resolve anywhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_origin(text: str) -> Origin:

@@ -8,7 +8,6 @@ server ids are ``<plugin>-<server>``, and ``${SIDECAR_CONNECTOR_ROOT}`` exists o
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, NoReturn
@@ -18,6 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, StringConstraints, Validat
 from pydantic_core import PydanticKnownError
 
 from sidecar.names import CONNECTOR_ID, MAX_TOOL_NAME, TOOL_NAME, connector_tool
+from sidecar.origins import is_loopback_host
 from sidecar.validation import quote
 
 __all__ = [
@@ -140,15 +140,6 @@ def _argv0(command: str) -> str:
     return command
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _http_url(url: str, probe: str | None = None) -> str:
     """An http(s) URL with a host and no credentials; ``http://`` only to loopback. ``probe`` is what to parse."""
     try:
@@ -165,7 +156,7 @@ def _http_url(url: str, probe: str | None = None) -> str:
         raise ValueError("has no host")
     if parts.username is not None or parts.password is not None:
         raise ValueError("must not carry credentials (user:password@); send them in headers")
-    if scheme == "http" and not _loopback(host):
+    if scheme == "http" and not is_loopback_host(host):
         # SECURITY: plain http leaves the machine readable and forgeable on the way; only loopback is exempt.
         raise ValueError(f"plain http is allowed only to loopback (127.0.0.1, [::1], localhost), not {quote(host)}")
     return url

@@ -20,7 +20,6 @@ refresh. Around it this module adds:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
@@ -33,6 +32,7 @@ from pydantic import AnyUrl
 from sidecar.errors import AuthorizationRefused
 from sidecar.oauth.sdk_context import discovered
 from sidecar.oauth.storage import CredentialTokenStorage
+from sidecar.origins import is_loopback_host
 
 __all__ = [
     "PKCE_METHOD",
@@ -109,19 +109,10 @@ def check_authorization_url(url: str) -> None:
     host = parts.hostname or ""
     if parts.scheme == "https" and host:
         return
-    if parts.scheme == "http" and _is_loopback(host):
+    if parts.scheme == "http" and is_loopback_host(host):
         return
     # SECURITY: never hand a browser javascript:, data:, file: or plain http to another host.
     raise AuthorizationRefused(f"refusing the authorization URL scheme/host {parts.scheme!r}/{host!r}")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class _Authorizer:
