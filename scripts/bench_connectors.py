@@ -55,7 +55,16 @@ from typing import Any
 import aiohttp
 import httpx2
 import psutil
-from benchlib import CallFailed, answer, log, sidecar_daemon, stop, timed, wait_ready  # scripts/ is sys.path[0]
+from benchlib import (  # scripts/ is sys.path[0]
+    CallFailed,
+    answer,
+    control_call,
+    log,
+    sidecar_daemon,
+    stop,
+    timed,
+    wait_ready,
+)
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -114,17 +123,7 @@ class Daemon:
         return float(psutil.Process(self.pid).memory_info().rss) / 2**20
 
     async def control(self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None) -> Any:
-        async with http.request(
-            method,
-            self.url + path,
-            json=body,
-            headers={"Authorization": f"Bearer {self.control_token}"},
-            timeout=aiohttp.ClientTimeout(total=60),
-        ) as response:
-            data = await response.json(content_type=None)
-            if response.status >= 300:
-                raise RuntimeError(f"{method} {path} answered {response.status}: {data}")
-            return data
+        return await control_call(http, self.url, self.control_token, method, path, body)
 
     async def new_session(self, http: aiohttp.ClientSession) -> dict[str, Any]:
         body = {"workspace": str(self.workspace), "project": "bench", "mode": "bypass", "allow": ["*"]}

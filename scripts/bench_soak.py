@@ -50,7 +50,7 @@ from typing import Any
 
 import aiohttp
 import psutil
-from benchlib import CallFailed, answer, log, sidecar_daemon  # scripts/ is sys.path[0]
+from benchlib import CallFailed, answer, control_call, log, sidecar_daemon  # scripts/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "connectors" / "fixtures"
@@ -133,17 +133,7 @@ class Daemon:
         return float(psutil.Process(self.pid).memory_info().rss) / 2**20
 
     async def control(self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None) -> Any:
-        async with http.request(
-            method,
-            self.url + path,
-            json=body,
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=aiohttp.ClientTimeout(total=60),
-        ) as response:
-            data = await response.json(content_type=None)
-            if response.status >= 300:
-                raise RuntimeError(f"{method} {path} answered {response.status}: {data}")
-            return data
+        return await control_call(http, self.url, self.token, method, path, body)
 
     async def settle(self) -> bool:
         deadline = time.monotonic() + SETTLE
@@ -239,7 +229,10 @@ async def soak(plan: Plan, workdir: Path, figures: Figures) -> None:
                 raise RuntimeError(f"trusting echo failed: {shown}")
             sessions = [
                 await daemon.control(
-                    http, "POST", "/control/sessions", {"workspace": str(ws), "mode": "bypass", "project": "soak"}
+                    http,
+                    "POST",
+                    "/control/sessions",
+                    {"workspace": str(ws), "mode": "bypass", "project": "soak", "allow": ["*"]},
                 )
                 for ws in workspaces
             ]
@@ -378,7 +371,7 @@ async def churn(plan: Plan, workdir: Path, figures: Figures) -> None:
 
             async def worker() -> None:
                 for _ in queue:
-                    body = {"workspace": str(workspace), "mode": "bypass", "project": "churn"}
+                    body = {"workspace": str(workspace), "mode": "bypass", "project": "churn", "allow": ["*"]}
                     session = await daemon.control(http, "POST", "/control/sessions", body)
                     try:
                         for tool in ("mcp__echo__echo", "mcp__forker__echo"):

@@ -128,3 +128,20 @@ def answer(content_type: str, body: bytes, request_id: int) -> dict[str, Any]:
                     return message  # type: ignore[no-any-return]
         raise CallFailed(f"no answer to request {request_id} in SSE body {body[:300]!r}")
     return json.loads(body)  # type: ignore[no-any-return]
+
+
+async def control_call(http: Any, base_url: str, token: str, method: str, path: str, body: Any = None) -> Any:
+    """One call of a benchmark daemon's control API (``http`` an ``aiohttp.ClientSession``); 300 and up raise."""
+    import aiohttp
+
+    async with http.request(
+        method,
+        base_url + path,
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=aiohttp.ClientTimeout(total=60),
+    ) as response:
+        data = await response.json(content_type=None)
+        if response.status >= 300:
+            raise RuntimeError(f"{method} {path} answered {response.status}: {data}")
+        return data
