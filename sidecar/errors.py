@@ -31,7 +31,7 @@ only the log line shows (contract §3; issue 11 item 3).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 __all__ = [
     "AuthorizationRefused",
@@ -53,6 +53,7 @@ __all__ = [
     "ToolError",
     "Unauthorized",
     "UnsupportedMediaType",
+    "find_error",
 ]
 
 
@@ -153,3 +154,19 @@ class ToolError(SidecarError):
 
     status = 400
     code = "tool_error"
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def find_error(exc: BaseException, kind: type[_E]) -> _E | None:
+    """``exc`` itself or, depth first, the first exception of ``kind`` inside the (anyio task group)
+    exception groups that wrap it; None when there is none."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = find_error(inner, kind)
+            if found is not None:
+                return found
+    return None

@@ -34,7 +34,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
-from sidecar.errors import ToolError
+from sidecar.errors import ToolError, find_error
 from sidecar.text import preview
 
 __all__ = [
@@ -172,27 +172,6 @@ async def http_transport(plan: LaunchPlan, *, auth: httpx2.Auth | None = None) -
         streamable_http_client(plan.url, http_client=http) as streams,
     ):
         yield streams
-
-
-def _first(exc: BaseException, kind: type[ToolError]) -> ToolError | None:
-    """The first exception of ``kind`` in ``exc`` or (anyio task groups wrap) the groups inside it."""
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first(inner, kind)
-            if found is not None:
-                return found
-    return None
-
-
-def _contains(exc: BaseException, kind: type[BaseException]) -> bool:
-    """Whether ``exc`` is, or (anyio task groups wrap) contains, an exception of ``kind``."""
-    if isinstance(exc, kind):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return any(_contains(inner, kind) for inner in exc.exceptions)
-    return False
 
 
 @dataclass(slots=True)
@@ -348,7 +327,7 @@ class ConnectorPool:
                 slot.client = None
         except Exception as exc:
             crashed = not slot.stop.is_set()
-            if _contains(exc, _StartTimeout):
+            if find_error(exc, _StartTimeout) is not None:
                 reason = f"did not start: no answer to initialize within {self._limits.start_timeout:g}s"
             else:
                 reason = process.exit_reason or preview(f"{type(exc).__name__}: {exc}", 200, quote=False)
@@ -387,7 +366,7 @@ class ConnectorPool:
                 await slot.stop.wait()
         except Exception as exc:
             reason = preview(f"{type(exc).__name__}: {exc}", 200, quote=False)
-            refused = _first(exc, ToolError)  # the auth's own verdict (a sign-in is needed) is the reason
+            refused = find_error(exc, ToolError)  # the auth's own verdict (a sign-in is needed) is the reason
             if refused is not None:
                 reason = str(refused)
             if not ready.done():

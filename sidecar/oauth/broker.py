@@ -37,7 +37,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
 from pydantic import AnyUrl
 
-from sidecar.errors import Conflict, StorageError
+from sidecar.errors import Conflict, StorageError, find_error
 from sidecar.oauth.flow import AuthorizationRefused, build_provider
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
@@ -235,7 +235,7 @@ class Broker:
             reason = "the sign-in was cancelled"
         elif isinstance(exc, TimeoutError):
             reason = f"the sign-in was not finished within {FLOW_TIMEOUT / 60:.0f} minutes"
-        failure = _find(exc, AuthorizationRefused) or AuthorizationRefused(f"the sign-in failed: {reason}")
+        failure = find_error(exc, AuthorizationRefused) or AuthorizationRefused(f"the sign-in failed: {reason}")
         if not flow.url.done():
             flow.url.set_exception(failure)
             flow.url.exception()  # retrieved: nobody may be waiting any more
@@ -388,17 +388,6 @@ def _revocation_endpoint(grant: StoredGrant | None) -> str | None:
         return None
     endpoint = grant.authorization_server.revocation_endpoint
     return str(endpoint) if endpoint is not None else None
-
-
-def _find(exc: BaseException, kind: type[AuthorizationRefused]) -> AuthorizationRefused | None:
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _find(inner, kind)
-            if found is not None:
-                return found
-    return None
 
 
 def _describe(exc: BaseException) -> str:
