@@ -203,9 +203,12 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
     # store call is): asking the OS keyring costs memory a daemon without remote sign-ins never needs.
     key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
 
-    async def relearn(connector_id: str) -> None:
-        """Signed in: a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
+    async def signed_in(connector_id: str) -> None:
+        """Signed in. Connections made under the old grant end (a server may bind its MCP sessions to the
+        credential that opened them: step-up's new token would find them gone) and reopen on the next
+        call; a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
         service = app[CONNECTORS]
+        await service.disconnect(connector_id)
         connector = service.manager.get(connector_id)
         if not service.tools.offers(connector_id) and app[TRUST].is_trusted(connector.key):
             await service.trust(connector_id)
@@ -217,7 +220,7 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
         CredentialStore(paths.data / "credentials.enc", key),
         redirect_uri=lambda: f"http://127.0.0.1:{runtime.port}{CALLBACK_PATH}",
         audit=audit.append,
-        on_ready=relearn,
+        on_ready=signed_in,
         on_revoked=disconnect,
     )
     yield

@@ -188,16 +188,27 @@ class Broker:
         self, flow: _Flow, keeper: GrantKeeper, url: str, headers: dict[str, str], client: PreRegistered | None
     ) -> None:
         cid = flow.connector_id
-        storage = CredentialTokenStorage(self.store, connector=cid, account=ACCOUNT, fresh_sign_in=True)
+        configured = " ".join(client.scopes) if client is not None and client.scopes else None
+        extra_scope = keeper.step_up.scope_for_sign_in(keeper.granted_scope(), configured)
+        storage = CredentialTokenStorage(
+            self.store,
+            connector=cid,
+            account=ACCOUNT,
+            fresh_sign_in=True,
+            scope_needed=extra_scope if client is None else None,  # a pre-registered client is what it is
+        )
         redirect_uri = self._redirect_uri()
         provider = build_provider(
-            url, storage=storage, driver=_CallbackDriver(self, flow), redirect_uri=redirect_uri, client_name="sidecar"
+            url,
+            storage=storage,
+            driver=_CallbackDriver(self, flow),
+            redirect_uri=redirect_uri,
+            client_name="sidecar",
+            extra_scope=extra_scope,
         )
         try:
             if client is not None:
                 await _seed_client(storage, client, redirect_uri)
-                if client.scopes:
-                    provider.context.client_metadata.scope = " ".join(client.scopes)
             async with (
                 asyncio.timeout(FLOW_TIMEOUT),
                 httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT) as http,

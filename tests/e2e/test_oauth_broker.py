@@ -364,3 +364,119 @@ async def test_after_a_restart_the_stored_sign_in_is_ready_and_refreshes_silentl
             assert await call_echo(second, session, "after") == "after"
         assert len(servers.grants("authorization_code")) == codes  # no new sign-in
         assert len(servers.grants("refresh_token")) == refreshes + 1  # one silent refresh
+
+
+async def test_a_call_refused_for_scope_asks_for_a_sign_in_with_the_union_of_scopes(
+    daemon: Daemon, servers: Servers
+) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    await trust_remote(daemon, servers)
+    await sign_in(daemon)
+    session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+    async with asyncio.timeout(BOUND), mcp_client(session) as client:
+        refused = await client.call_tool("mcp__remote__admin_echo", {"text": "up"})
+        assert refused.is_error, refused
+        assert "admin" in tool_text(refused) and "run sidecar connectors connect remote" in tool_text(refused)
+        # The grant still serves what it covers: same session, same connection.
+        assert tool_text(await client.call_tool("mcp__remote__echo", {"text": "still"})) == "still"
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "ready" and "admin" in shown["auth_reason"], shown
+    relayed = await daemon.new_session(mode="bypass", connector="remote")  # the connector's own route
+    async with asyncio.timeout(BOUND), mcp_client(relayed) as client:
+        with pytest.raises(Exception, match="run sidecar connectors connect remote"):
+            await client.call_tool("admin_echo", {"text": "up"})
+        assert tool_text(await client.call_tool("echo", {"text": "relayed"})) == "relayed"
+
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    asked = parse_qs(urlsplit(started["authorization_url"]).query)["scope"][0].split()
+    assert {"mcp", "admin"} <= set(asked), asked
+    page = await browse(started["authorization_url"])
+    assert "You can close this tab" in page.text, page.text
+    async with asyncio.timeout(BOUND), mcp_client(session) as client:
+        assert tool_text(await client.call_tool("mcp__remote__admin_echo", {"text": "up"})) == "up"
+        assert tool_text(await client.call_tool("mcp__remote__echo", {"text": "both"})) == "both"
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "ready" and shown["auth_reason"] is None, shown
+
+
+async def test_the_connect_command_opens_the_browser_and_returns_once_signed_in(
+    daemon: Daemon, servers: Servers, home: Path
+) -> None:
+    from tests.conftest import sidecar_env
+
+    await trust_remote(daemon, servers)
+    root = Path(__file__).resolve().parents[2]
+    env = {**sidecar_env(home), "BROWSER": f"{sys.executable} -m tests.oauth.browser %s"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", "connectors", "connect", "remote",
+        cwd=root, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = out.decode()
+    assert proc.returncode == 0, (text, err.decode())
+    assert "Sign in to remote in your browser" in text and "browser: 200 /oauth/callback" in text
+    assert text.rstrip().endswith("signed in to remote"), text
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "ready", shown
+    session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+    assert await call_echo(daemon, session, "cli") == "cli"
+
+
+async def _auth_state(daemon: Daemon, wanted: str) -> dict[str, Any]:
+    """The connector's record once its sign-in state is ``wanted`` (bounded)."""
+    async with asyncio.timeout(BOUND):
+        while True:
+            shown = dict(await daemon.control("GET", "/control/connectors/remote"))
+            if shown["auth"] == wanted:
+                return shown
+            await asyncio.sleep(0.05)
+
+
+async def test_a_sign_in_not_finished_in_time_ends_and_its_link_stops_working(
+    daemon: Daemon, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sidecar.oauth import broker
+
+    monkeypatch.setattr(broker, "FLOW_TIMEOUT", 1.0)  # the production bound is ten minutes
+    await trust_remote(daemon, servers)
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    joined = await daemon.control("POST", "/control/connectors/remote/connect")
+    assert joined["authorization_url"] == started["authorization_url"]  # one pending flow per connector
+    shown = await _auth_state(daemon, "error")
+    assert "was not finished within" in shown["auth_reason"], shown
+    page = await browse(started["authorization_url"])
+    assert "not valid any more" in page.text and "You can close this tab" not in page.text
+    assert not servers.grants("authorization_code")  # the late code was never exchanged
+    again = await daemon.control("POST", "/control/connectors/remote/connect")
+    assert again["authorization_url"] != started["authorization_url"]
+
+
+async def test_revoke_during_a_sign_in_ends_it_and_nothing_is_stored(daemon: Daemon, servers: Servers) -> None:
+    await trust_remote(daemon, servers)
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    revoked = await daemon.control("POST", "/control/connectors/remote/revoke")
+    assert revoked["auth"] == "unauthorized" and revoked["remote"] == "nothing to revoke", revoked
+    page = await browse(started["authorization_url"])
+    assert "not valid any more" in page.text, page.text
+    assert not servers.grants("authorization_code")
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "unauthorized", shown
+    assert _stored_records(daemon) == []  # the registration made for the flow went with the revoke
+
+
+def _stored_records(daemon: Daemon) -> list[dict[str, Any]]:
+    from sidecar.store.credentials import CredentialStore, choose_key_source
+
+    data = daemon.paths.data
+    if not (data / "credentials.enc").exists():
+        return []
+    store = CredentialStore(
+        data / "credentials.enc", choose_key_source(f"credentials:{data}", data / "credentials.key")
+    )
+    return [s for s in (store.get(record) for record in store.records("remote")) if s is not None]
