@@ -281,7 +281,7 @@ async def _pre_registered(connector_id: str, client: OAuthClient | None) -> PreR
             raise RequestRejected(f"connector {connector_id}: cannot use the client secret file: {why}") from None
         if not secret:
             raise RequestRejected(f"connector {connector_id}: the client secret file {client.secret_file} is empty")
-    return PreRegistered(client.client_id, secret, client.scopes)
+    return PreRegistered(client.client_id, secret, client.scopes, metadata_document=client.metadata_document)
 
 
 async def revoke_connector(request: web.Request) -> web.Response:

@@ -64,11 +64,14 @@ REVOKE_BACKOFF: Final = 2.0
 
 @dataclass(frozen=True, slots=True)
 class PreRegistered:
-    """A client registered with the AS beforehand (the user's ``"oauth"`` entry), used instead of DCR."""
+    """How the user's ``"oauth"`` entry says sidecar is known to the AS, instead of registering there: a
+    client registered beforehand, or (``metadata_document``) a Client ID Metadata Document whose URL is
+    the client id, used where the AS supports those (the SDK registers dynamically elsewhere)."""
 
     client_id: str
     client_secret: str | None = None
     scopes: tuple[str, ...] = ()
+    metadata_document: bool = False
 
 
 @dataclass(slots=True)
@@ -204,10 +207,11 @@ class Broker:
             driver=_CallbackDriver(self, flow),
             redirect_uri=redirect_uri,
             client_name="sidecar",
+            client_metadata_url=client.client_id if client is not None and client.metadata_document else None,
             extra_scope=extra_scope,
         )
         try:
-            if client is not None:
+            if client is not None and not client.metadata_document:
                 await _seed_client(storage, client, redirect_uri)
             async with (
                 asyncio.timeout(FLOW_TIMEOUT),

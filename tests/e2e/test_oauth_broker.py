@@ -480,3 +480,22 @@ def _stored_records(daemon: Daemon) -> list[dict[str, Any]]:
         data / "credentials.enc", choose_key_source(f"credentials:{data}", data / "credentials.key")
     )
     return [s for s in (store.get(record) for record in store.records("remote")) if s is not None]
+
+
+async def test_a_client_metadata_document_from_mcp_json_is_the_client_id_where_the_as_supports_it(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    document = "https://sidecar.example/oauth/client.json"
+    with oauth_servers(tmp_path, CIMD="1") as servers:
+        oauth = {"clientMetadataUrl": document, "scopes": ["mcp"]}
+        write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url, "oauth": oauth}})
+        await daemon.control("POST", "/control/connectors/remote/trust")
+        started = await daemon.control("POST", "/control/connectors/remote/connect")
+        query = parse_qs(urlsplit(started["authorization_url"]).query)
+        assert query["client_id"] == [document], query
+        assert query["code_challenge_method"] == ["S256"] and "mcp" in query["scope"][0].split()
+        events = [json.loads(x) for x in servers.events.read_text().splitlines() if x.startswith("{")]
+        assert not [e for e in events if e["event"] == "registration"], events
+        await daemon.control("POST", "/control/connectors/remote/revoke")  # ends the pending flow
