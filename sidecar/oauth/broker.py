@@ -38,7 +38,7 @@ from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
 from pydantic import AnyUrl
 
 from sidecar.errors import Conflict, StorageError, find_error
-from sidecar.oauth.flow import AuthorizationRefused, build_provider
+from sidecar.oauth.flow import AuthorizationRefused, build_provider, s256_guard
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
 from sidecar.store.credentials import CredentialStore
@@ -210,12 +210,13 @@ class Broker:
             client_metadata_url=client.client_id if client is not None and client.metadata_document else None,
             extra_scope=extra_scope,
         )
+        hooks = {"request": [s256_guard(provider)]}
         try:
             if client is not None and not client.metadata_document:
                 await _seed_client(storage, client, redirect_uri)
             async with (
                 asyncio.timeout(FLOW_TIMEOUT),
-                httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT) as http,
+                httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT, event_hooks=hooks) as http,
                 streamable_http_client(url, http_client=http) as (read, write),
                 ClientSession(read, write) as session,
             ):

@@ -13,7 +13,9 @@ refresh. Around it this module adds:
   registration and before anything reaches the authorization endpoint; our handler checks the AS
   metadata the provider discovered there and raises ``AuthorizationRefused`` before the driver runs.
   A server with no metadata at all (the 2025-03-26 fallback to ``/authorize`` on its own origin, which
-  that spec allowed) has nothing to check and is let through: there is no list to lack S256;
+  that spec allowed) has nothing to check and is let through: there is no list to lack S256. The same
+  check runs as a request hook (``s256_guard``) on the provider's HTTP client, so nothing, not even a
+  dynamic registration, reaches an AS whose metadata lacks S256;
 - **a check of the authorization URL** before any driver sees it (the spec's security best practices):
   https, or http on loopback only; never ``javascript:``, ``data:``, ``file:``;
 - **extra scope**: the SDK sets the client's ``scope`` from the server's 401 challenge (or its
@@ -25,6 +27,7 @@ refresh. Around it this module adds:
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
 
@@ -48,6 +51,7 @@ __all__ = [
     "check_authorization_url",
     "client_metadata",
     "require_s256",
+    "s256_guard",
 ]
 
 logger = logging.getLogger(__name__)
@@ -106,6 +110,16 @@ def require_s256(metadata: OAuthMetadata | None) -> None:
             f"the authorization server {metadata.issuer} does not advertise PKCE {PKCE_METHOD} "
             f"(code_challenge_methods_supported: {methods!r}); sidecar will not sign in there"
         )
+
+
+def s256_guard(provider: OAuthClientProvider) -> Callable[[httpx2.Request], Awaitable[None]]:
+    """An httpx request hook that sends nothing more once the provider has discovered AS metadata without
+    S256: the redirect handler's check comes after registration, this one before it."""
+
+    async def check(request: httpx2.Request) -> None:
+        require_s256(discovered(provider.context).authorization_server)
+
+    return check
 
 
 def check_authorization_url(url: str) -> None:

@@ -218,6 +218,8 @@ async def test_an_authorization_server_without_s256_is_refused_before_any_browse
         refused = await daemon.control("POST", "/control/connectors/remote/connect", expect=None)
         assert "S256" in json.dumps(refused), refused
         assert not servers.grants()
+        events = [json.loads(x) for x in servers.events.read_text().splitlines() if x.startswith("{")]
+        assert not [e for e in events if e["event"] == "registration"], events  # refused before registering
         shown = await daemon.control("GET", "/control/connectors/remote")
         assert shown["auth"] == "error" and "S256" in shown["auth_reason"]
 
