@@ -240,7 +240,8 @@ async def install_connector(request: web.Request) -> web.Response:
 
 def _connector(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
     """A connector as the control API shows it, with its sign-in state (``auth``, ``auth_reason``)."""
-    return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id)}
+    declared = connector.spec.launch.oauth is not None
+    return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id, declared=declared)}
 
 
 async def connect_connector(request: web.Request) -> web.Response:

@@ -129,10 +129,16 @@ class Broker:
         if keeper is not None and keeper.blocked():
             raise NeedsAuthorization(connector_id)
 
-    def public(self, connector_id: str) -> dict[str, Any]:
-        """``auth`` (the sign-in state) and ``auth_reason`` for the control API."""
+    def public(self, connector_id: str, *, declared: bool = False) -> dict[str, Any]:
+        """``auth`` (the sign-in state) and ``auth_reason`` for the control API. ``declared``: the
+        connector's config names an OAuth client, so with no sign-in yet it is ``unauthorized`` (as at
+        start, ``load``), also when it was added while the daemon runs."""
         keeper = self._keepers.get(connector_id)
-        return keeper.public() if keeper is not None else {"auth": SignIn.NONE.value, "auth_reason": None}
+        if keeper is None or keeper.state is SignIn.NONE:
+            if declared:
+                return {"auth": SignIn.UNAUTHORIZED.value, "auth_reason": "not signed in yet"}
+            return {"auth": SignIn.NONE.value, "auth_reason": None}
+        return keeper.public()
 
     def required(self, connector_id: str) -> None:
         """The connector's config says it uses OAuth: without a grant it is ``unauthorized``, not ``none``."""
