@@ -159,7 +159,11 @@ class Broker:
                 keeper.set_state(SignIn.ERROR, f"the stored sign-in cannot be read: {_describe(exc)}")
                 logger.warning("cannot load the sign-in of %s: %s", connector_id, _describe(exc))
                 continue
-            if keeper.state is SignIn.NONE and (declared or grant is not None):
+            if grant is None and connector_id in self.store.unreadable:
+                # SECURITY: a record that fails to decrypt (tampered, truncated, moved) is no sign-in.
+                keeper.set_state(SignIn.UNAUTHORIZED, "the stored sign-in is damaged and was not used; sign in again")
+                logger.warning("the stored sign-in of %s does not decrypt; it needs a new sign-in", connector_id)
+            elif keeper.state is SignIn.NONE and (declared or grant is not None):
                 keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
 
     # -- sign-in ---------------------------------------------------------------------------------

@@ -501,3 +501,39 @@ async def test_a_client_metadata_document_from_mcp_json_is_the_client_id_where_t
         events = [json.loads(x) for x in servers.events.read_text().splitlines() if x.startswith("{")]
         assert not [e for e in events if e["event"] == "registration"], events
         await daemon.control("POST", "/control/connectors/remote/revoke")  # ends the pending flow
+
+
+async def test_a_tampered_record_costs_that_connector_its_sign_in_and_nothing_else(
+    home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    import base64
+
+    from sidecar.paths import Paths
+
+    with oauth_servers(tmp_path) as servers:
+        async with running_daemon(Paths.resolve(), workspace) as first:
+            await trust_remote(first, servers)
+            await sign_in(first)
+            store = first.paths.data / "credentials.enc"
+        lines = [json.loads(line) for line in store.read_text().splitlines() if line.strip()]
+        for record in lines:
+            sealed = bytearray(base64.urlsafe_b64decode(str(record["data"])))
+            sealed[5] ^= 0x01  # one bit of the ciphertext
+            record["data"] = base64.urlsafe_b64encode(bytes(sealed)).decode()
+        store.write_text("".join(json.dumps(record) + "\n" for record in lines))
+        codes = len(servers.grants())
+
+        async with running_daemon(Paths.resolve(), workspace) as second:
+            shown = await second.control("GET", "/control/connectors/remote")
+            assert shown["auth"] == "unauthorized" and "damaged" in shown["auth_reason"], shown
+            status = await second.control("GET", "/control/status")
+            assert status["storage"]["credentials"], status
+            session = await second.new_session(mode="bypass", allow=["mcp__remote__*", "calculate"])
+            async with mcp_client(session) as client:
+                result = await client.call_tool("mcp__remote__echo", {"text": "no"})
+                assert result.is_error and "run sidecar connectors connect remote" in tool_text(result)
+                other = await client.call_tool("calculate", {"expression": "1+1"})  # the rest works
+                assert not other.is_error and "2" in tool_text(other), other
+            await sign_in(second)  # a new sign-in replaces the damaged record
+            assert await call_echo(second, session, "again") == "again"
+        assert len(servers.grants()) > codes
