@@ -200,7 +200,9 @@ async def running_daemon(
 ) -> AsyncIterator[Daemon]:
     """Run ``serve()`` in this event loop on 127.0.0.1:0 and stop it (bounded) afterwards."""
     ready = asyncio.Event()
-    task = asyncio.create_task(serve(settings or Settings(), paths, registry=registry, ready=ready))
+    # Any free port, whatever the settings say: tests run side by side, the default port is the user's.
+    settings = (settings or Settings()).model_copy(update={"port": 0})
+    task = asyncio.create_task(serve(settings, paths, registry=registry, ready=ready))
     waiter = asyncio.create_task(ready.wait())
     done, _ = await asyncio.wait({task, waiter}, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()
