@@ -13,7 +13,9 @@ secrets:
 The agent runs without a shell, in this process's process group, so a terminal's Ctrl-C reaches it
 directly; signals sent to ``sidecar exec`` alone (a service manager's SIGTERM, ``kill``) are passed on.
 Its exit code is ours (128 + N when a signal N ended it), and the session ends when it exits, however
-it exits — short of ``sidecar exec`` itself being killed outright, when the session lives out its TTL.
+it exits. The session names this process as its owner, so should ``sidecar exec`` itself be killed
+outright (SIGKILL runs none of its code), the daemon ends the session within a second or so
+(``auth.owners``).
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ def cmd_exec(args: argparse.Namespace, paths: Paths) -> int:
 
 def _session_body(args: argparse.Namespace) -> dict[str, Any]:
     workspace = Path.cwd().absolute()
-    return session_body(args, workspace=str(workspace), project=args.project or _project_of(workspace))
+    body = session_body(args, workspace=str(workspace), project=args.project or _project_of(workspace))
+    body["owner_pid"] = os.getpid()  # the session ends with us, even if we are SIGKILLed
+    return body
 
 
 def _project_of(workspace: Path) -> str:
