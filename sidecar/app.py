@@ -112,6 +112,9 @@ SHIPPED_CONNECTORS: Final = _shipped("connectors")
 """The connector packages that come with sidecar (``connectors/``, the workspace connector among them)."""
 
 Subsystem = Callable[[web.Application], AsyncIterator[None]]
+_GONE: Final = frozenset({"ended", "closed"})
+"""Session events after which nothing of the session may stay in this process (``closed``: the daemon
+stops, and the session is kept for the next one)."""
 
 
 def build_app(
@@ -293,7 +296,7 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         billing=app[BILLING],
         deferral=Deferral(default=settings.tools.defer_connectors, direct=frozenset(settings.tools.direct_connectors)),
     )
-    sessions.subscribe(lambda session, event: service.session_ended(session.id) if event == "ended" else None)
+    sessions.subscribe(lambda session, event: service.session_ended(session.id) if event in _GONE else None)
     # Each remote connector's sign-in state as stored (``ready`` after a restart), before any call.
     remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http"]
     await app[OAUTH].load({spec.id: spec.launch.oauth is not None for spec in remote})
@@ -331,7 +334,7 @@ async def _revoke_all(app: web.Application) -> None:
     on it. The journal is closed first: the next start takes them up again, until they expire."""
     with contextlib.suppress(KeyError):  # start-up failed before the auth subsystem
         app[STATE].close()
-        app[SESSIONS].end_all()
+        app[SESSIONS].close_all()
         routes = app[ROUTES]
         for route in routes.list():
             routes.unregister(route.name)
@@ -367,7 +370,7 @@ def _on_session(hub: ChangeHub, approvals: ApprovalStore, session: Session, even
     """A grant that changed reaches the session's clients; an ended session's state goes with it."""
     if event == "updated":
         hub.announce([session.id])
-    elif event == "ended":
+    elif event in _GONE:
         hub.forget(session.id)
         approvals.forget_session(session.id)
 
@@ -382,6 +385,8 @@ def _audit_route(audit: AuditLog, name: str, event: str) -> None:
 
 
 def _audit_session(audit: AuditLog, session: Session, event: str) -> None:
+    if event == "closed":
+        return  # not an end: the session is kept for the next start ("daemon.stop" records the stop)
     audit.append(
         f"session.{event}",
         session=session.id,

@@ -105,7 +105,8 @@ class SessionJournal(Protocol):
 
 
 SessionListener = Callable[[Session, str], None]
-"""Called with (session, event) where event is ``created``, ``updated`` or ``ended``."""
+"""Called with (session, event) where event is ``created``, ``updated``, ``ended``, or ``closed`` (the
+daemon stops: the session leaves this process but lives on for the next one)."""
 
 
 def _span(seconds: int) -> str:
@@ -322,9 +323,13 @@ class SessionStore:
         self._emit(session, "ended")
         return aborted
 
-    def end_all(self) -> None:
-        for session_id in list(self._sessions):
-            self.end(session_id)
+    def close_all(self) -> None:
+        """The daemon stops: every session leaves this process (its in-flight work aborted, listeners
+        told ``closed``) without being ended — the journal, closed first, keeps it for the next start."""
+        for session in list(self._sessions.values()):
+            del self._sessions[session.id]
+            self._inflight.abort(session_key(session.id))
+            self._emit(session, "closed")
 
     def _prune(self, now: float) -> None:
         expired = [s for s in self._sessions.values() if s.expired(now)]

@@ -117,6 +117,8 @@ async def test_a_session_made_before_a_restart_connects_after_it_and_ended_expir
     calls = _audit(second, "tool.call")
     assert [c["session"] for c in calls] == [kept["session_id"]] * 2  # nothing ran for the refused two
     assert _audit(second, "session.restored")[-1]["sessions"] == [kept["session_id"]]
+    # A stop ends nothing: the one session ended is the one the user ended.
+    assert [r["session"] for r in _audit(second, "session.ended")] == [ended["session_id"]]
 
     # Rotating the route kills the token handed out before the restart, and that outlives a crash.
     second.cli("routes", "rotate", "connector-proxy")
@@ -262,3 +264,33 @@ async def test_an_exec_session_outlives_a_restart_but_not_its_owner_dying_meanwh
             proc.wait(BOUND)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+async def test_a_session_on_a_connectors_own_route_connects_after_a_restart_until_it_is_untrusted(
+    home: Path, workspace: Path, daemons: list[DaemonProcess]
+) -> None:
+    first = _start(home, daemons)
+    port = _runtime(first)["port"]
+    await _control(first, "POST", "/control/connectors/workspace/trust")
+    body = {"workspace": str(workspace), "connector": "workspace"}
+    session = await _control(first, "POST", "/control/sessions", body, expect=201)
+    assert session["url"].endswith("/mcp/connectors/workspace")
+
+    async def tools() -> list[str]:
+        async with mcp_client(session) as client:
+            return sorted(tool.name for tool in (await client.list_tools()).tools)
+
+    before = await tools()
+    assert "list_files" in before
+    _crash(first)
+
+    second = _start(home, daemons, port)
+    assert await tools() == before  # the connector's own route, its token from before the restart
+    await _control(second, "POST", "/control/connectors/workspace/untrust")
+    assert await _initialize(session) == 401
+    stop_daemon_process(second)
+
+    third = _start(home, daemons, port)
+    await _control(third, "POST", "/control/connectors/workspace/trust")  # trusted again: a new token
+    assert await _initialize(session) == 401

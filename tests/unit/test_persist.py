@@ -60,7 +60,7 @@ def _start(tmp_path: Path, clock: list[float], *routes: str) -> Daemon:
 def _stop(daemon: Daemon) -> None:
     """As the daemon stops: the journal closes, then everything ends in memory only."""
     daemon.journal.close()
-    daemon.sessions.end_all()
+    daemon.sessions.close_all()
     for route in daemon.routes.list():
         daemon.routes.unregister(route.name)
 
