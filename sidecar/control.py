@@ -55,7 +55,7 @@ class NewSession(_Body):
     ttl: int | None = None
     connector: str | None = None
     """Give the configuration for one connector's own route (/mcp/connectors/<id>) instead of /mcp."""
-    owner_pid: int | None = None
+    owner_pid: int | None = Field(default=None, gt=1, le=2**22)  # Linux's largest pid_max
     """A process the session ends with (``sidecar exec`` names itself): when it is gone, so is the session."""
 
     def grant(self, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -85,8 +85,10 @@ def cmd_exec(args: argparse.Namespace, paths: Paths) -> int:
     try:
         return _run(command, agent_environment(created, dict(os.environ)))
     finally:
-        with contextlib.suppress(SidecarError):  # already ended (by the user, or the daemon stopped)
-            client.call("DELETE", f"/control/sessions/{session_id}")
+        # A new client: the daemon may have restarted meanwhile (same port, new control token); the session
+        # outlived that. Already ended (by the user, or its owner watch) or no daemon: nothing to do.
+        with contextlib.suppress(SidecarError):
+            ControlClient(paths).call("DELETE", f"/control/sessions/{session_id}")
 
 
 def _session_body(args: argparse.Namespace) -> dict[str, Any]:

@@ -294,3 +294,18 @@ async def test_a_session_on_a_connectors_own_route_connects_after_a_restart_unti
     third = _start(home, daemons, port)
     await _control(third, "POST", "/control/connectors/workspace/trust")  # trusted again: a new token
     assert await _initialize(session) == 401
+
+
+@pytest.mark.parametrize("pid", [2**22, 1, 2**31], ids=["not-running", "init", "not-a-pid"])
+async def test_a_session_cannot_name_an_owner_that_is_not_running(daemon: Daemon, pid: int) -> None:
+    status, refused = await control_request(
+        daemon.url,
+        daemon.control_token,
+        "POST",
+        "/control/sessions",
+        {"workspace": str(daemon.workspace), "owner_pid": pid},
+    )
+    assert status == 400, refused
+    assert (await daemon.control("GET", "/control/sessions"))["sessions"] == []
+    assert daemon.audit_events("session.created") == []
+    assert not (daemon.paths.state / "sessions.json").exists()
