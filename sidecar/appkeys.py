@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from sidecar.auth.inflight import InflightTracker
+from sidecar.auth.persist import StateJournal
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
 from sidecar.bus.approvals import ApprovalStore
@@ -28,6 +29,7 @@ from sidecar.edge.rest import RestFacade
 from sidecar.oauth.broker import Broker
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.credentials import CredentialStore
 from sidecar.store.trust import TrustStore
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "AUDIT",
     "BILLING",
     "CONNECTORS",
+    "CREDENTIALS",
     "HUB",
     "INFLIGHT",
     "MCP_ENDPOINT",
@@ -47,6 +50,7 @@ __all__ = [
     "RUNTIME",
     "SESSIONS",
     "SETTINGS",
+    "STATE",
     "TOOLS",
     "TRUST",
     "Runtime",
@@ -72,6 +76,8 @@ SETTINGS = web.AppKey("settings", Settings)
 PATHS = web.AppKey("paths", Paths)
 RUNTIME = web.AppKey("runtime", Runtime)
 AUDIT = web.AppKey("audit", AuditLog)
+CREDENTIALS = web.AppKey("credentials", CredentialStore)
+STATE = web.AppKey("state", StateJournal)
 INFLIGHT = web.AppKey("inflight", InflightTracker)
 ROUTES = web.AppKey("routes", RouteRegistry)
 SESSIONS = web.AppKey("sessions", SessionStore)
