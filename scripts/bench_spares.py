@@ -8,7 +8,8 @@ Calls are 2026-07-28 single POSTs of ``tools/call`` ``mcp__<id>__echo`` over aio
 1. **First call on a new session.** ``SESSIONS`` sessions one after another; for each, the first call's
    latency, then ``WARM`` calls in the same session (warm). With ``spares = 1`` the next session is created
    once the spare is ready (``GET /control/connectors/<id>`` ``spares``), as it is when sessions do not
-   arrive within the ~0.5 s a spare takes; with ``spares = 0`` every first call is a cold start. Printed:
+   arrive within the ~1 s a spare takes (and the warm calls once the next spare is up, so that its start
+   slows neither figure); with ``spares = 0`` every first call is a cold start. Printed:
    medians, p95, and first / warm (target with spares: <= 2x). Also with ``"process": "shared"``.
 2. **Memory with sharing.** ``--sessions`` sessions (default 50) each call 3 connectors (3 entries of the
    echo server), with ``share_processes = true``: the daemon's RSS and its connector processes' RSS summed
@@ -126,7 +127,7 @@ def server(workdir: Path, **extra: Any) -> dict[str, Any]:
 
 
 async def new_session(daemon: Daemon, http: aiohttp.ClientSession) -> dict[str, Any]:
-    body = {"workspace": str(daemon.workdir), "mode": "bypass", "allow": ["mcp__echo*"]}
+    body = {"workspace": str(daemon.workdir), "mode": "bypass", "allow": [f"mcp__{c}__*" for c in CONNECTORS]}
     session: dict[str, Any] = await daemon.control(http, "POST", "/control/sessions", body)
     return session
 
@@ -157,6 +158,8 @@ async def first_calls(label: str, settings: str, entry_extra: dict[str, Any], se
                         await until_spare(daemon, http, "echo")
                     session = await new_session(daemon, http)
                     firsts.append(await call(http, session, "echo"))
+                    if spares:  # warm calls on a quiet machine: not while the next spare boots
+                        await until_spare(daemon, http, "echo")
                     for _ in range(warm):
                         warms.append(await call(http, session, "echo"))
                 first, hot = statistics.median(firsts), statistics.median(warms)

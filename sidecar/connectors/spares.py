@@ -5,7 +5,9 @@ process started now is exactly the one a new session's first call would start, s
 ``per_connector`` of them ready (contract §7). The rules this module holds:
 
 * **After a take.** A spare is started in the background when a session has taken a process of the
-  connector (a spare, or a cold start), never at daemon start: an unused connector costs nothing.
+  connector (a spare, or a cold start), never at daemon start: an unused connector costs nothing. It
+  starts ``START_DELAY`` later, so that its spawn (a fork of the daemon, then seconds of CPU for a
+  Python SDK server to import) does not compete with the call that took the previous one.
 * **Within the caps.** Spares count against ``PoolLimits.per_connector`` and ``total`` like any process,
   are started only while they leave a free place, and ``make_room`` stops one before a session's own
   process would be refused for want of the place it holds.
@@ -28,9 +30,14 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from sidecar.connectors.spec import ConnectorSpec
 from sidecar.errors import SidecarError
 
-__all__ = ["SpareSlot", "Spares"]
+__all__ = ["START_DELAY", "SpareSlot", "Spares"]
 
 logger = logging.getLogger(__name__)
+
+
+START_DELAY: Final = 0.5
+"""Seconds between a take and the spare that replaces it (measured by ``scripts/bench_spares.py``: started
+at once, the spawn made the taking call ~4x a warm one on a 2-core machine; 0.5 s later, ~2x)."""
 
 
 class _Limits(Protocol):
@@ -107,6 +114,7 @@ class Spares(Generic[S]):
 
     async def _warm(self, spec: ConnectorSpec, plan: Callable[[], Any]) -> None:
         try:
+            await asyncio.sleep(START_DELAY)
             slot = await self._start(spec, plan)
         except (SidecarError, OSError) as exc:
             logger.info("no spare of connector %s: %s", spec.id, exc)
