@@ -47,7 +47,7 @@ from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.connectors.shared import SessionView
 from sidecar.connectors.spares import Spares
-from sidecar.errors import ToolError, find_error
+from sidecar.errors import SidecarError, ToolError, find_error
 from sidecar.text import preview
 
 __all__ = [
@@ -378,6 +378,8 @@ class ConnectorPool:
     async def _view(self, session_id: str, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> ClientSession:
         """The session's view of the connector's one shared process, started (or restarted) if need be."""
         client = await self.client(SHARED, spec, plan)
+        if (shared := self._slots.get((SHARED, spec.id))) is not None:
+            shared.plan = plan  # a restart expands it: the newest session's, the likeliest to be alive
         key = (session_id, spec.id)
         slot = self._slots.get(key)
         view = slot.client if slot is not None else None
@@ -503,7 +505,7 @@ class ConnectorPool:
             return  # the session ended or the connector was withdrawn meanwhile
         try:
             await self.client(key[0], slot.spec, slot.plan)
-        except ToolError as exc:
+        except SidecarError as exc:  # ToolError, or a shared process's plan whose session has ended
             logger.info("restart of %s in session %s failed: %s", key[1], key[0], exc)
             return
         self.healthy(*key)

@@ -116,7 +116,7 @@ class Spares(Generic[S]):
         try:
             await asyncio.sleep(START_DELAY)
             slot = await self._start(spec, plan)
-        except (SidecarError, OSError) as exc:
+        except (SidecarError, OSError) as exc:  # refused, failed, or its plan's session ended meanwhile
             logger.info("no spare of connector %s: %s", spec.id, exc)
             return
         finally:
