@@ -294,6 +294,8 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
             idle_seconds=limits.idle_seconds,
             start_timeout=limits.start_timeout,
             per_session=limits.session_share,
+            spares=limits.spares,
+            share_all=limits.share_processes,
         ),
         sessions=sessions,
         billing=app[BILLING],

@@ -164,6 +164,17 @@ class ConnectorSettings(_Frozen):
     idle_seconds: float = Field(default=900.0, ge=5)
     """A connector process unused this long is stopped (the next call starts it again)."""
 
+    spares: int = Field(default=1, ge=0, le=8)
+    """Warm spare processes kept per connector whose launch config has nothing per session in it (a
+    ``cwd`` of its own and no workspace, envelope or credential placeholder): a new session's first call
+    takes one instead of waiting for a cold start. Started in the background after one is taken, counted
+    against the caps (never the last free place; a spare gives way to a session's process), stopped when
+    idle like any process. 0 turns them off."""
+
+    share_processes: bool = False
+    """Every connector whose launch config has nothing per session in it runs as if it said
+    ``"process": "shared"``: one process serves all sessions' calls."""
+
     watch: bool = True
     """Re-read connector configs and packages when their files change (within about a second). Off, an
     edit takes effect at the next ``connectors list`` or spawn, which always checks trust against disk."""

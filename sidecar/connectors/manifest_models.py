@@ -59,6 +59,7 @@ from sidecar.connectors.manifest_fields import (
     Url,
     context_of,
 )
+from sidecar.connectors.spec import ProcessMode, session_dependence
 
 __all__ = [
     "ConnectorFile",
@@ -72,6 +73,7 @@ __all__ = [
     "ToolEntry",
     "entry_model",
     "is_disabled",
+    "shared_refusal",
     "validate_entry",
 ]
 
@@ -98,6 +100,9 @@ class _Entry(_Model):
     sidecar_network: bool | None = Field(default=None, alias="sidecarNetwork")
     """``false``: the server works offline, so sessions without the network may use it (default: it needs
     the network). A package declares this in ``connector.json`` (``network``) instead."""
+    process: ProcessMode | None = None
+    """``"shared"``: one process serves every session (a stdio entry with nothing per session in it);
+    unset or ``"session"``: a process per session. A package declares this in ``connector.json``."""
 
     @field_validator("disabled")
     @classmethod
@@ -111,6 +116,15 @@ class _Entry(_Model):
     def _package_declares_network_in_its_connector_file(cls, value: bool | None, info: ValidationInfo) -> bool | None:
         if value is not None and context_of(info).kind == "package":
             raise ValueError('a package declares this in connector.json ("network": false)')
+        return value
+
+    @field_validator("process")
+    @classmethod
+    def _package_declares_process_in_its_connector_file(
+        cls, value: ProcessMode | None, info: ValidationInfo
+    ) -> ProcessMode | None:
+        if value is not None and context_of(info).kind == "package":
+            raise ValueError('a package declares this in connector.json ("process": "shared")')
         return value
 
 
@@ -157,6 +171,22 @@ class StdioEntry(_Entry):
     headers: HttpOnly = None
     oauth: HttpOnly = None
 
+    @model_validator(mode="after")
+    def _shared_only_when_session_free(self) -> StdioEntry:
+        if self.process == "shared":
+            refusal = shared_refusal(self.command, self.args, self.env, self.cwd)
+            if refusal is not None:
+                raise ValueError(refusal)
+        return self
+
+
+def shared_refusal(command: str | None, args: list[str], env: dict[str, str], cwd: str | None) -> str | None:
+    """Why a stdio config may not say ``"process": "shared"``, or ``None`` when it may."""
+    reason = session_dependence(command, args, env, cwd)
+    if reason is None:
+        return None
+    return f'"process": "shared" needs a launch config that is the same in every session, but {reason}'
+
 
 class HttpEntry(_Entry):
     """A Streamable HTTP server sidecar reaches at ``url``, sending ``headers``."""
@@ -171,6 +201,13 @@ class HttpEntry(_Entry):
     args: StdioOnly = None
     env: StdioOnly = None
     cwd: StdioOnly = None
+
+    @field_validator("process")
+    @classmethod
+    def _no_process_to_share(cls, value: ProcessMode | None) -> ProcessMode | None:
+        if value == "shared":
+            raise ValueError("a remote (http) server has no process of sidecar's to share")
+        return value
 
 
 class _OtherTransport(_Entry, extra="allow"):
@@ -267,6 +304,8 @@ class ConnectorFile(_Model):
     """Tool name → risk tier; ``mcp__<id>__<tool>`` must fit in 64 characters."""
     network: bool = True
     """``false``: the connector works offline, so sessions without the network may use it."""
+    process: ProcessMode = "session"
+    """``"shared"``: one process of it serves every session (its ``mcp.json`` must have nothing per session)."""
 
 
 class OAuthClientFile(_Model):

@@ -7,10 +7,12 @@ Sources, in the order that settles id collisions:
 3. plugins: ``<data>/plugins/<name>/plugin.json`` and/or its ``.mcp.json``; ids are ``<plugin>-<server>``.
 
 An entry has the shape Claude Code and Cursor write: stdio ``{"command", "args", "env", "cwd", "type"?}`` or
-Streamable HTTP ``{"type": "http", "url", "headers"}``; ``"disabled": true`` skips it. Two keys are sidecar's
+Streamable HTTP ``{"type": "http", "url", "headers"}``; ``"disabled": true`` skips it. Three keys are sidecar's
 own: ``"sidecarNetwork": false`` (the server works offline; a package says ``"network": false`` in its
-``connector.json``) and ``"defer_loading"`` (``true``, ``false`` or a list of its tool names; also allowed
-at the top of a file, for every entry that does not say its own).
+``connector.json``), ``"defer_loading"`` (``true``, ``false`` or a list of its tool names; also allowed
+at the top of a file, for every entry that does not say its own) and ``"process": "shared"`` (one process
+serves every session; refused on a config with anything per session in it, ``spec.session_dependence``;
+a package says it in its ``connector.json``).
 
 Every problem names the file and the field, one line each (``sidecar.validation``):
 ``<path>: <field>: <what>``, or ``<path>: <what>`` for the whole file. A broken entry is one problem and a
@@ -41,6 +43,7 @@ from sidecar.connectors.manifest_models import (
     ServersFile,
     StdioEntry,
     is_disabled,
+    shared_refusal,
     validate_entry,
 )
 from sidecar.connectors.spec import ConnectorSpec, LaunchConfig, ManifestProblem, OAuthClient
@@ -155,7 +158,11 @@ def _deferral(declared: bool | list[str] | None) -> bool | frozenset[str] | None
 def _entry_facts(entry: StdioEntry | HttpEntry, file_default: bool | list[str] | None) -> dict[str, Any]:
     """What an entry declares for sidecar itself: network and deferral (the entry's own, else its file's)."""
     declared = entry.defer_loading if entry.defer_loading is not None else file_default
-    return {"network": entry.sidecar_network is not False, "defer_loading": _deferral(declared)}
+    return {
+        "network": entry.sidecar_network is not False,
+        "defer_loading": _deferral(declared),
+        "process": entry.process or "session",
+    }
 
 
 def _launch(entry: StdioEntry | HttpEntry) -> LaunchConfig:
@@ -204,6 +211,11 @@ def _package(directory: Path) -> ConnectorSpec:
     entry = _entry(launch_path, server, raw, context, lines)
     if entry is None:
         raise _Invalid(_problem(launch_path, lines))
+    if connector.process == "shared":
+        launch = _launch(entry)
+        refusal = shared_refusal(launch.command, list(launch.args), dict(launch.env), launch.cwd)
+        if refusal is not None:  # connector.json asks for what its mcp.json cannot give
+            raise _Invalid(_problem(origin, [f"{origin}: process: {refusal} ({launch_path})"]))
     oauth = None
     oauth_path = directory / OAUTH_FILE
     if os.path.lexists(oauth_path):
@@ -224,6 +236,7 @@ def _package(directory: Path) -> ConnectorSpec:
         oauth=oauth,
         billing_manifest=_billing(directory),
         network=connector.network,
+        process=connector.process,
         defer_loading=_deferral(entry.defer_loading if entry.defer_loading is not None else servers.defer_loading),
     )
 

@@ -12,6 +12,8 @@ later finds no trace of it (``sidecar.system.ProcessTree``). On Linux two things
   rest of its tree (``ProcessTree(adopted=...)``, then ``release``). An orphan whose tag cannot be read
   (it cleared its environment, or changed user) is attributed to every connector process that was running
   when it was born, and dies with the first of them to stop: killing a little too much is the safe side.
+  A warm spare and a shared process (``spares``, ``shared``) are connector processes like any: tagged at
+  spawn, so what they leave behind is attributed and killed with them, whether or not a session took it.
 
 The daemon also reaps: every ``REAP_INTERVAL`` seconds it collects the exit status of each adopted child
 that has exited, by pid (never ``waitpid(-1)``), never a connector process itself (asyncio's child watcher

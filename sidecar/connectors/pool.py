@@ -13,6 +13,17 @@ exponential backoff and the tools return once it answers again (another ``list_c
 (``MAX_RESTARTS`` crashes within ``CRASH_WINDOW``) ends in ``error`` with the reason until the session
 ends. Caps bound processes per connector and in total, and idle processes are reaped (a later call
 spawns again).
+
+Warm spares and shared processes, for a connector whose launch config has nothing per session in it
+(``ConnectorSpec.session_free``): after a session takes a process of such a connector, the pool starts a
+*spare* in the background (``PoolLimits.spares`` per connector, counted against the caps but never
+taking the last free place, and stopped first when a session needs the place), and the next session's
+first call takes it instead of a cold start. A spare is handed over only for exactly the spec it was
+started for, after the same trust check as a spawn; stopping the connector (untrust, a config change)
+stops its spares. A connector that says ``"process": "shared"`` (or every eligible one, with
+``PoolLimits.share_all``) has one process for all sessions instead (``shared.SessionView``): supervised
+and restarted like any, stopped with the connector or when idle, never with a session; ending a session
+cancels only that session's calls in it.
 """
 
 from __future__ import annotations
@@ -23,9 +34,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 import httpx2
 from mcp import ClientSession
@@ -34,10 +45,13 @@ from mcp.client.streamable_http import streamable_http_client
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
-from sidecar.errors import ToolError, find_error
+from sidecar.connectors.shared import SessionView
+from sidecar.connectors.spares import Spares
+from sidecar.errors import SidecarError, ToolError, find_error
 from sidecar.text import preview
 
 __all__ = [
+    "SHARED",
     "ConnectorPool",
     "HttpAuthSource",
     "LaunchContext",
@@ -58,6 +72,8 @@ BACKOFF_MAX: Final = 30.0
 MAX_RESTARTS: Final = 5
 CRASH_WINDOW: Final = 60.0
 """``MAX_RESTARTS`` crashes within this many seconds is a crash loop: the connector goes to ``error``."""
+SHARED: Final = "(shared)"
+"""The pool's session id for a shared process (never a real session's: those have no parentheses)."""
 
 ENV_ALLOWLIST: Final = (
     "PATH",
@@ -84,6 +100,10 @@ class PoolLimits:
     start_timeout: float = START_TIMEOUT
     per_session: int = 4
     """Relayed connections one session may hold of one connector (the pool keeps one per session)."""
+    spares: int = 1
+    """Warm spares kept per eligible connector (``ConnectorSpec.session_free``); 0: none."""
+    share_all: bool = False
+    """Every eligible connector is shared, as if it said ``"process": "shared"``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +199,8 @@ class _Slot:
     """One (session, connector) pair: its live process, or why there is none."""
 
     process: ConnectorProcess | None = None
-    client: ClientSession | None = None
+    client: ClientSession | SessionView | None = None
+    """Its process's client; or, for a session of a shared connector, its view of the shared one."""
     holder: asyncio.Task[None] | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     starting: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -191,6 +212,8 @@ class _Slot:
     spec: ConnectorSpec | None = None
     plan: Callable[[], LaunchPlan] | None = None
     restart: asyncio.Task[None] | None = None
+    key: tuple[str, str] = ("", "")
+    """Whose it is now: (session, connector); a spare's changes when a session takes it."""
 
 
 ChangeCallback = Callable[[str, str], None]
@@ -211,12 +234,14 @@ class ConnectorPool:
         admit: Callable[[ConnectorSpec], None] | None = None,
         failures: FailureLog | None = None,
         http_auth: HttpAuthSource | None = None,
+        prepare: Callable[[ConnectorSpec, ClientSession], Awaitable[None]] | None = None,
     ) -> None:
         """``http_auth`` authenticates remote (Streamable HTTP) connectors.
 
         ``count`` counts processes against the caps when others than the pool's own run too (the relay's);
         ``admit`` raises ``ToolError`` unless a spec may start now (its trust still holds on disk);
-        ``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``."""
+        ``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``;
+        ``prepare`` does, on a spare as it starts, what a session's first call would do first (the drift check)."""
         self._limits = limits or PoolLimits()
         self._failures = failures if failures is not None else FailureLog()
         self._process_limits = process_limits or ProcessLimits()
@@ -227,29 +252,55 @@ class ConnectorPool:
         self._count = count or self.running
         self._admit = admit or (lambda spec: None)
         self._http_auth = http_auth
+        self._prepare = prepare
+        self.spares: Spares[_Slot] = Spares(
+            self._limits.spares, count=self._count, limits=self._limits, start=self._start_spare
+        )
 
     # -- facts ---------------------------------------------------------------------------------
 
     def running(self, connector_id: str | None = None) -> int:
-        return sum(
+        """Processes up now (spares and shared processes included; a session's view of a shared one is none)."""
+        own = sum(
             1
             for (_, cid), slot in self._slots.items()
-            if slot.client is not None and (connector_id is None or cid == connector_id)
+            if slot.client is not None
+            and not isinstance(slot.client, SessionView)
+            and (connector_id is None or cid == connector_id)
         )
+        return own + self.spares.count(connector_id)
+
+    def shares(self, spec: ConnectorSpec) -> bool:
+        """Whether one process of ``spec`` serves every session."""
+        return spec.process == "shared" or (self._limits.share_all and spec.session_free)
+
+    def _live(self, slot: _Slot) -> bool:
+        if isinstance(slot.client, SessionView):
+            shared = self._slots.get((SHARED, slot.key[1]))
+            return shared is not None and shared.client is slot.client.client
+        return slot.client is not None
 
     def connected(self, connector_id: str) -> set[str]:
-        """The sessions whose process of the connector is up now."""
-        return {sid for (sid, cid), slot in self._slots.items() if cid == connector_id and slot.client is not None}
+        """The sessions whose process of the connector (their own, or the shared one) is up now."""
+        return {
+            sid
+            for (sid, cid), slot in self._slots.items()
+            if cid == connector_id and sid != SHARED and self._live(slot)
+        }
+
+    def _serving(self, session_id: str, connector_id: str) -> _Slot | None:
+        """The slot whose process serves that session: the shared one when there is one, else its own."""
+        return self._slots.get((SHARED, connector_id)) or self._slots.get((session_id, connector_id))
 
     def available(self, session_id: str, connector_id: str) -> bool:
         """False while that session's process of the connector is crashed, backing off, or in error."""
-        slot = self._slots.get((session_id, connector_id))
+        slot = self._serving(session_id, connector_id)
         if slot is None or slot.client is not None:
             return True
         return slot.error is None and not slot.crashes
 
     def error(self, session_id: str, connector_id: str) -> str | None:
-        slot = self._slots.get((session_id, connector_id))
+        slot = self._serving(session_id, connector_id)
         return slot.error if slot is not None else None
 
     # -- getting a client ----------------------------------------------------------------------
@@ -258,34 +309,86 @@ class ConnectorPool:
         """The session's live client for ``spec``, spawning it if needed (bounded by the start timeout)."""
         if spec.launch.transport == "http" and self._http_auth is not None:
             self._http_auth.require(spec.id)  # a connector that needs a sign-in fails fast, with the remedy
+        if session_id != SHARED and self.shares(spec):
+            return await self._view(session_id, spec, plan)
         key = (session_id, spec.id)
-        slot = self._slots.setdefault(key, _Slot())
+        slot = self._slots.setdefault(key, _Slot(key=key))
         slot.last_used = self._clock()
         if slot.process is not None and slot.process.exited.is_set() and slot.holder is not None:
             # It died and its holder is winding down: let it record the crash before deciding.
             await asyncio.wait({slot.holder}, timeout=self._limits.start_timeout)
         if slot.client is not None:
-            return slot.client
+            return _session(slot.client)
         async with slot.starting:
             if slot.client is not None:
-                return slot.client
+                return _session(slot.client)
             if slot.error is not None:
                 raise ToolError(f"connector {spec.id} is in error: {slot.error}")
             wait = slot.retry_at - self._clock()
             if wait > 0:
                 raise ToolError(f"connector {spec.id} crashed and restarts in {wait:.0f}s; try again then")
             self._admit(spec)  # SECURITY: every spawn, restarts included, checks trust against the disk
+            spare = self.spares.take(spec) if session_id != SHARED and spec.session_free else None
+            if spare is not None and spare.client is not None:
+                self._adopt(key, slot, spare, plan)
+                self.spares.replenish(spec, plan)
+                return _session(spare.client)
+            await self.spares.make_room(spec.id)
             self.check_caps(spec.id)
             slot.spec, slot.plan = spec, plan
-            ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
-            slot.stop = asyncio.Event()
-            slot.holder = asyncio.create_task(self._hold(key, spec, plan(), slot, ready), name=f"connector-{spec.id}")
-            self._ensure_reaper()
-            try:
-                return await asyncio.wait_for(asyncio.shield(ready), self._limits.start_timeout + 5)
-            except TimeoutError:
-                slot.stop.set()
-                raise ToolError(f"connector {spec.id} did not start within {self._limits.start_timeout:g}s") from None
+            client = await self._launch(slot, spec, plan)
+            if session_id != SHARED and spec.session_free:
+                self.spares.replenish(spec, plan)
+            return client
+
+    async def _launch(self, slot: _Slot, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> ClientSession:
+        """Start ``slot``'s holder and wait (bounded) until its process has answered ``initialize``."""
+        ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        slot.stop = asyncio.Event()
+        slot.holder = asyncio.create_task(self._hold(slot.key, spec, plan(), slot, ready), name=f"connector-{spec.id}")
+        self._ensure_reaper()
+        try:
+            return await asyncio.wait_for(asyncio.shield(ready), self._limits.start_timeout + 5)
+        except TimeoutError:
+            slot.stop.set()
+            raise ToolError(f"connector {spec.id} did not start within {self._limits.start_timeout:g}s") from None
+
+    async def _start_spare(self, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> _Slot:
+        """A new process of ``spec`` that no session has used (``Spares`` decides when and keeps it)."""
+        self._admit(spec)  # SECURITY: a spare is a spawn like any other
+        slot = _Slot(key=(Spares.SESSION, spec.id), spec=spec, plan=plan)
+        try:
+            client = await self._launch(slot, spec, plan)
+            if self._prepare is not None:
+                await self._prepare(spec, client)
+        except BaseException:  # failed, or stopped while starting: nothing of it may outlive this
+            slot.stop.set()
+            if slot.holder is not None:
+                await asyncio.wait({slot.holder})
+            raise
+        return slot
+
+    def _adopt(self, key: tuple[str, str], slot: _Slot, spare: _Slot, plan: Callable[[], LaunchPlan]) -> None:
+        """Make ``spare`` the session's slot; a caller already waiting on ``slot`` gets the same client."""
+        spare.key, spare.plan, spare.last_used = key, plan, self._clock()
+        spare.crashes, spare.retry_at = slot.crashes, slot.retry_at
+        slot.client = spare.client
+        self._slots[key] = spare
+
+    async def _view(self, session_id: str, spec: ConnectorSpec, plan: Callable[[], LaunchPlan]) -> ClientSession:
+        """The session's view of the connector's one shared process, started (or restarted) if need be."""
+        client = await self.client(SHARED, spec, plan)
+        if (shared := self._slots.get((SHARED, spec.id))) is not None:
+            shared.plan = plan  # a restart expands it: the newest session's, the likeliest to be alive
+        key = (session_id, spec.id)
+        slot = self._slots.get(key)
+        view = slot.client if slot is not None else None
+        if not isinstance(view, SessionView) or view.client is not client:
+            view = SessionView(session_id, client)
+            slot = self._slots[key] = _Slot(key=key, client=view, spec=spec)
+        if slot is not None:
+            slot.last_used = self._clock()
+        return _session(view)
 
     def check_caps(self, connector_id: str) -> None:
         """Refuse one more process of ``connector_id`` when its cap or the total cap is reached."""
@@ -341,11 +444,14 @@ class ConnectorPool:
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} stopped before it was ready"))
         # The process has been stopped by now, so its stderr tail is complete.
+        key = slot.key  # a spare's may have changed: the session that took it
         if crashed or process.failed:
             self._failures.record(
                 spec.id, key[0], reason=reason or process.exit_reason or "exited", stderr=process.stderr_tail
             )
-        if crashed:
+        if key[0] == Spares.SESSION:
+            self.spares.lost(slot)  # no session lost anything; the next take starts another
+        elif crashed:
             self._crashed(key, slot, process.exit_reason or "exited")
 
     async def _hold_http(
@@ -399,14 +505,14 @@ class ConnectorPool:
             return  # the session ended or the connector was withdrawn meanwhile
         try:
             await self.client(key[0], slot.spec, slot.plan)
-        except ToolError as exc:
+        except SidecarError as exc:  # ToolError, or a shared process's plan whose session has ended
             logger.info("restart of %s in session %s failed: %s", key[1], key[0], exc)
             return
         self.healthy(*key)
 
     async def settle(self, session_id: str, connector_id: str) -> str | None:
         """After a lost connection: wait (bounded) for the holder to record the exit; return its reason."""
-        slot = self._slots.get((session_id, connector_id))
+        slot = self._serving(session_id, connector_id)
         if slot is None or slot.holder is None:
             return None
         process = slot.process
@@ -415,16 +521,21 @@ class ConnectorPool:
 
     def healthy(self, session_id: str, connector_id: str) -> None:
         """A call succeeded: a crashed connector is back, its tools return."""
-        slot = self._slots.get((session_id, connector_id))
+        slot = self._serving(session_id, connector_id)
         if slot is not None and slot.crashes:
             slot.crashes.clear()
             slot.retry_at = 0.0
-            self._changed((session_id, connector_id))
+            self._changed(slot.key)
 
     def _changed(self, key: tuple[str, str]) -> None:
-        if self._on_change is not None:
+        if self._on_change is None:
+            return
+        sessions = [key[0]]
+        if key[0] == SHARED:  # the shared process serves every session that has a view of it
+            sessions = [sid for (sid, cid) in self._slots if cid == key[1] and sid != SHARED]
+        for session_id in sessions:
             try:
-                self._on_change(*key)
+                self._on_change(session_id, key[1])
             except Exception:
                 logger.exception("pool change listener failed")
 
@@ -434,20 +545,25 @@ class ConnectorPool:
         await self._stop_where(lambda key: key[0] == session_id, forget=True)
 
     async def stop_connector(self, connector_id: str) -> None:
-        await self._stop_where(lambda key: key[1] == connector_id, forget=True)
+        """Stop its processes in every session, its shared process and its spares."""
+        await asyncio.gather(
+            self._stop_where(lambda key: key[1] == connector_id, forget=True), self.spares.stop(connector_id)
+        )
 
     async def close(self) -> None:
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        await self._stop_where(lambda key: True, forget=True)
+        await asyncio.gather(self._stop_where(lambda key: True, forget=True), self.spares.stop(None))
 
     async def _stop_where(self, match: Callable[[tuple[str, str]], bool], *, forget: bool) -> None:
         keys = [key for key in self._slots if match(key)]
         holders = []
         for key in keys:
             slot = self._slots[key]
+            if isinstance(slot.client, SessionView):
+                slot.client.abort()  # that session's calls only; the shared process serves on
             slot.stop.set()
             if slot.restart is not None:
                 slot.restart.cancel()
@@ -464,9 +580,14 @@ class ConnectorPool:
 
     async def _reap(self) -> None:
         interval = max(1.0, min(60.0, self._limits.idle_seconds / 4))
-        while self._slots:
+        while self._slots or self.spares.count(None):
             await asyncio.sleep(interval)
             now = self._clock()
-            for slot in list(self._slots.values()):
+            for slot in [*self._slots.values(), *self.spares.idle(now - self._limits.idle_seconds)]:
                 if slot.client is not None and now - slot.last_used > self._limits.idle_seconds:
                     slot.stop.set()
+
+
+def _session(client: ClientSession | SessionView) -> ClientSession:
+    """A slot's client as callers use it: a session's view of a shared process offers the same methods."""
+    return cast(ClientSession, client)

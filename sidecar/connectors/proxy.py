@@ -291,6 +291,12 @@ class ConnectorTools:
 
         return call
 
+    async def vet(self, spec: ConnectorSpec, client: Any) -> None:
+        """The drift check of a process started ahead of its session (a warm spare), done now."""
+        connector = self._manager.get(spec.id)
+        if connector.spec == spec and client not in self._checked:
+            await self._check_drift(connector, client)
+
     async def _check_drift(self, connector: Connector, client: Any) -> None:
         """Rug-pull check, once per process: its tools against the fingerprints approved at trust."""
         self._checked.add(client)

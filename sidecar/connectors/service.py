@@ -24,6 +24,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
+from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.pool import ConnectorPool, HttpAuthSource, LaunchContext, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_source
 from sidecar.connectors.upstream import Upstreams
@@ -71,6 +72,7 @@ class ConnectorService:
             admit=manager.admit,
             failures=self.failures,
             http_auth=http_auth,
+            prepare=self._prepare,  # the tools are built below, with the pool
         )
         self.upstreams = Upstreams(
             context=context,
@@ -98,6 +100,9 @@ class ConnectorService:
         manager.subscribe(self._on_connector)
         _install_list_connectors(registry, self)
 
+    async def _prepare(self, spec: ConnectorSpec, client: Any) -> None:
+        await self.tools.vet(spec, client)
+
     def running(self, connector_id: str | None = None) -> int:
         """Processes and relayed connections alive now, of one connector or of all."""
         return self.pool.running(connector_id) + self.upstreams.running(connector_id)
@@ -113,8 +118,10 @@ class ConnectorService:
     def public(self, connector: Connector, *, detail: bool = False) -> dict[str, object]:
         """What the control API shows; in detail also ``billable`` (its tools that cost money, by its own
         names, from its ``high-credit-tools.json``), ``billing_problem`` (why that file makes every one of
-        its tools ask) and ``last_failure``: the latest of its processes that failed, in any session
-        (session, time, reason, last stderr lines), or ``None``."""
+        its tools ask), ``process`` (``shared``: one process serves every session; else ``session``),
+        ``spares`` (its warm spare processes ready now, counted in ``running``) and ``last_failure``: the
+        latest of its processes that failed, in any session (session, time, reason, last stderr lines), or
+        ``None``."""
         body = connector.public(
             running=self.running(connector.id), connected=len(self.connected(connector.id)), detail=detail
         )
@@ -125,6 +132,8 @@ class ConnectorService:
             body["billing_problem"] = f"every tool asks: {problem}" if problem is not None else None
             failure = self.failures.last(connector.id)
             body["last_failure"] = failure.public() if failure is not None else None
+            body["process"] = "shared" if self.pool.shares(connector.spec) else "session"
+            body["spares"] = self.pool.spares.ready(connector.id)
         return body
 
     def usable(self, session: Session) -> list[Connector]:

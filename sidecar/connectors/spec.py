@@ -6,12 +6,41 @@ builds them and the rest of ``sidecar.connectors`` (trust keys, the pool, the pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
-__all__ = ["ConnectorSpec", "LaunchConfig", "ManifestProblem", "OAuthClient"]
+__all__ = [
+    "SESSION_PLACEHOLDERS",
+    "ConnectorSpec",
+    "LaunchConfig",
+    "ManifestProblem",
+    "OAuthClient",
+    "ProcessMode",
+    "session_dependence",
+]
+
+ProcessMode = Literal["session", "shared"]
+"""``session``: a process per session (the default); ``shared``: one process serves every session."""
+
+SESSION_PLACEHOLDERS: Final = ("SIDECAR_PROJECT_DIR", "SIDECAR_MCP_CONTEXT", "SIDECAR_LOCAL_MCP_AUTHORIZATION")
+"""The placeholders that expand differently in each session: its workspace, its envelope, its credential."""
+
+
+def session_dependence(command: str | None, args: Iterable[str], env: Mapping[str, str], cwd: str | None) -> str | None:
+    """Why a stdio launch config makes a different process in each session, or ``None`` when one process
+    could serve any session (a warm spare, a shared process): no per-session placeholder in its command,
+    arguments, environment values or working directory, and a working directory of its own (without one,
+    a connector runs in the session's workspace)."""
+    if cwd is None:
+        return "it has no cwd, so it runs in each session's workspace"
+    texts = [("command", command or ""), *(("args", a) for a in args), *((f"env {k}", v) for k, v in env.items())]
+    for where, text in [*texts, ("cwd", cwd)]:
+        for name in SESSION_PLACEHOLDERS:
+            if "${" + name + "}" in text:
+                return f"its {where} uses ${{{name}}}"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +100,18 @@ class ConnectorSpec:
     defer_loading: bool | frozenset[str] | None = None
     """Which of its tools it asks to keep out of ``tools/list``: all, none, those named (its own names),
     or ``None``: it does not say (``[tools] defer_connectors`` decides)."""
+
+    process: ProcessMode = "session"
+    """``shared`` when its ``connector.json`` or its entry says ``"process": "shared"``: one process of it
+    serves every session (only a config ``session_dependence`` finds nothing in may say so)."""
+
+    @property
+    def session_free(self) -> bool:
+        """One process of it could serve any session: a stdio config with nothing per session in it."""
+        launch = self.launch
+        if launch.transport != "stdio":
+            return False
+        return session_dependence(launch.command, launch.args, launch.env, launch.cwd) is None
 
     def deferred(self, tool: str, *, default: bool) -> bool:
         """Whether the connector asks for its tool ``tool`` to be deferred; ``default`` when it does not say."""

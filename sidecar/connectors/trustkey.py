@@ -38,7 +38,9 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
     without the network use it, so making it must need trust again (a package's is in its files anyway).
     Connectors that need the network, the default, hash as they always did. A remote server with a
     pre-registered OAuth client carries ``"oauth"`` (client id, secret file path, scopes; never the
-    secret): signing in as another client is another config. Servers without one hash as before.
+    secret): signing in as another client is another config. Servers without one hash as before. One
+    that says ``"process": "shared"`` carries ``"process"``: one process serving every session is a
+    decision the user reviews (per-session processes, the default, hash as before).
     """
     launch = spec.launch
     canonical: dict[str, object] = {
@@ -52,6 +54,8 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
     }
     if not spec.network:
         canonical["offline"] = True
+    if spec.process == "shared":
+        canonical["process"] = "shared"
     if launch.oauth is not None:
         secret_file = launch.oauth.secret_file
         canonical["oauth"] = {
