@@ -218,16 +218,25 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
     # store call is): asking the OS keyring costs memory a daemon without remote sign-ins never needs.
     key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
 
+    def provider_package(connector_id: str) -> bool:
+        """A local package signing in to its provider (``oauth-client.json``): its processes hold no token,
+        only internal-API credentials."""
+        return app[CONNECTORS].manager.get(connector_id).spec.oauth is not None
+
     async def relearn(connector_id: str) -> None:
         """Signed in: a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
         service = app[CONNECTORS]
         connector = service.manager.get(connector_id)
+        if provider_package(connector_id):
+            await service.disconnect(connector_id)  # processes whose credentials a revoke ended start afresh
         if not service.tools.offers(connector_id) and app[TRUST].is_trusted(connector.key):
             await service.trust(connector_id)
 
     async def disconnect(connector_id: str) -> None:
         app[PROCESS_CREDENTIALS].revoke_connector(connector_id)  # aborts its internal-API calls now
-        await app[CONNECTORS].disconnect(connector_id)
+        if not provider_package(connector_id):
+            await app[CONNECTORS].disconnect(connector_id)
+        # A package's processes stay: their next internal-API call gets 401 and they say so to the agent.
 
     broker = app[OAUTH] = Broker(
         CredentialStore(paths.data / "credentials.enc", key),
@@ -296,8 +305,8 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
     )
     sessions.subscribe(lambda session, event: service.session_ended(session.id) if event == "ended" else None)
     # Each remote connector's sign-in state as stored (``ready`` after a restart), before any call.
-    remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http"]
-    await app[OAUTH].load({spec.id: spec.launch.oauth is not None for spec in remote})
+    remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http" or c.spec.oauth is not None]
+    await app[OAUTH].load({spec.id: spec.launch.oauth is not None or spec.oauth is not None for spec in remote})
     watched = [paths.config, paths.data / "plugins", paths.data / "connectors", SHIPPED_CONNECTORS]
     for directory in watched[1:3]:
         ensure_private_dir(directory)
