@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
     return runner, int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
 
 
-def _package(root: Path, issuer: str, upstream: str) -> None:
+def _package(root: Path, issuer: str, upstream: str) -> str:
     directory = root / "up"
     directory.mkdir(parents=True, mode=0o700)
     files: dict[str, Any] = {
@@ -106,6 +106,7 @@ def _package(root: Path, issuer: str, upstream: str) -> None:
     shutil.copy(CONNECTOR, directory / "server.py")
     for child in directory.iterdir():
         child.chmod(0o600)
+    return "up"
 
 
 @pytest.fixture
@@ -116,6 +117,21 @@ def world_env() -> dict[str, str]:
 
 @pytest.fixture
 async def world(home: Path, workspace: Path, tmp_path: Path, world_env: dict[str, str]) -> AsyncIterator[World]:
+    async with oauth_world(workspace, tmp_path, world_env, package=_package) as found:
+        yield found
+
+
+@contextlib.asynccontextmanager
+async def oauth_world(
+    workspace: Path,
+    tmp_path: Path,
+    env: dict[str, str],
+    *,
+    package: Callable[[Path, str, str], str],
+    upstream_app: Callable[[Upstream], web.Application] = Upstream.app,
+) -> AsyncIterator[World]:
+    """The daemon, the AS, the upstream stand-in (``upstream_app``) and a trusted package written by
+    ``package(connectors_dir, issuer, upstream_url)``, which returns the package's id."""
     as_port = _free_port()
     issuer = f"http://127.0.0.1:{as_port}"
     upstream, away = Upstream(issuer), Upstream(issuer)
@@ -125,26 +141,26 @@ async def world(home: Path, workspace: Path, tmp_path: Path, world_env: dict[str
         away_runner, away_port = await _serve(away.app())
         runners.append(away_runner)
         upstream.away = f"http://127.0.0.1:{away_port}/items/1"
-        up_runner, up_port = await _serve(upstream.app())
+        up_runner, up_port = await _serve(upstream_app(upstream))
         runners.append(up_runner)
         async with running_daemon(Paths.resolve(), workspace) as daemon:
             events = tmp_path / "as-events.log"
-            env = {
+            as_env = {
                 "STATIC_CLIENT_ID": CLIENT_ID,
                 "STATIC_CLIENT_SECRET": CLIENT_SECRET,
                 "STATIC_REDIRECT_URI": f"http://127.0.0.1:{daemon.port}/oauth/callback",
-                **world_env,
+                **env,
             }
             with events.open("wb") as sink, (tmp_path / "as-stderr.log").open("wb") as errors:
                 proc = subprocess.Popen(
                     [_node(), str(HERE / "server.mjs"), str(as_port), f"http://127.0.0.1:{up_port}"],
                     stdout=sink,
                     stderr=errors,
-                    env={**os.environ, **env},
+                    env={**os.environ, **as_env},
                 )
             _wait_port(as_port, proc, "oidc-provider")
-            _package(daemon.paths.data / "connectors", issuer, f"http://127.0.0.1:{up_port}")
-            shown = await daemon.control("POST", "/control/connectors/up/trust")
+            connector_id = package(daemon.paths.data / "connectors", issuer, f"http://127.0.0.1:{up_port}")
+            shown = await daemon.control("POST", f"/control/connectors/{connector_id}/trust")
             assert shown["state"] == "trusted", shown
             yield World(daemon, issuer, upstream, away, events)
             upstream.release.set()
@@ -161,16 +177,16 @@ async def world(home: Path, workspace: Path, tmp_path: Path, world_env: dict[str
             await runner.cleanup()
 
 
-async def sign_in(world: World, tmp_path: Path) -> None:
+async def sign_in(world: World, tmp_path: Path, connector_id: str = "up") -> None:
     secret = tmp_path / "client-secret"
     secret.write_text(CLIENT_SECRET + "\n")
     secret.chmod(0o600)
     body = {"client_id": CLIENT_ID, "client_secret_file": str(secret)}
-    started = await world.daemon.control("POST", "/control/connectors/up/connect", body)
+    started = await world.daemon.control("POST", f"/control/connectors/{connector_id}/connect", body)
     assert started["authorization_url"].startswith(world.issuer), started
     page = await browse(started["authorization_url"])
     assert page.status_code == 200 and "You can close this tab" in page.text, page.text
-    assert (await world.daemon.control("GET", "/control/connectors/up"))["auth"] == "ready"
+    assert (await world.daemon.control("GET", f"/control/connectors/{connector_id}"))["auth"] == "ready"
 
 
 async def fetch(session: dict[str, Any], path: str) -> str:
@@ -207,11 +223,17 @@ def _process_environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
 
-async def _raw(world: World, method: str, target: str, headers: dict[str, str]) -> int:
+async def _raw_response(
+    world: World, method: str, target: str, headers: dict[str, str]
+) -> tuple[int, dict[str, str], bytes]:
     port = world.daemon.port
     lines = [f"{method} {target} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
-    status, _, _ = await raw_request(port, ("\r\n".join(lines) + "\r\n\r\n").encode())
+    return await raw_request(port, ("\r\n".join(lines) + "\r\n\r\n").encode())
+
+
+async def _raw(world: World, method: str, target: str, headers: dict[str, str]) -> int:
+    status, _, _ = await _raw_response(world, method, target, headers)
     return status
 
 
@@ -246,7 +268,12 @@ async def test_every_escape_is_refused_and_nothing_reaches_any_upstream(world: W
     (pid,) = _connector_pids()
     environ = _process_environ(pid)
     headers = {"Authorization": environ["API_AUTHORIZATION"], "X-Sidecar-Context": environ["API_CONTEXT"]}
-    assert await _raw(world, "GET", "/mcp/internal/up/api/items/2", headers) == 200  # the credential works
+    status, answer_headers, body = await _raw_response(world, "GET", "/mcp/internal/up/api/items/2", headers)
+    assert (status, body) == (200, b'{"item": "2"}')  # the credential works
+    assert answer_headers["x-ratelimit-remaining"] == "4999"
+    assert "set-cookie" not in answer_headers  # nothing credential-like comes back
+    status, answer_headers, _ = await _raw_response(world, "GET", "/mcp/internal/up/api/items/2", {})
+    assert status == 401 and answer_headers["www-authenticate"] == 'Bearer realm="sidecar"'
     sent = len(world.upstream.seen)
     escapes = {
         "/mcp/internal/up/api/items/../../admin": (400, 403, 404),
