@@ -69,3 +69,13 @@ def test_a_wrong_field_is_an_error_naming_file_and_field(
     message = str(caught.value)
     assert f"{directory / 'oauth-client.json'}: {field}: " in message, message
     assert words in message, message
+
+
+def test_show_tells_the_upstream_and_a_provider_without_pkce(tmp_path: Path) -> None:
+    from sidecar.connectors.manager import Connector, ConnectorState
+
+    spec = load_package(_package(tmp_path, {**GOOD, "pkce": False}))
+    shown = Connector(spec, "key", ConnectorState.CONFIGURED).public(detail=True)
+    assert shown["oauth_pkce"] == "none: the provider has no PKCE; the sign-in relies on state alone"
+    assert shown["oauth_client"] == "(yours: connect --client-id)"
+    assert shown["upstream"] == "https://api.github.com GET, POST /repos/ /search/"
