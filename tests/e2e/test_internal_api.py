@@ -370,3 +370,17 @@ async def test_revoke_mid_call_ends_the_call_unauthorized_and_the_as_forgets_the
         assert not await world.introspect(token)
     later = await world.daemon.new_session(mode="bypass", allow=["mcp__up__*"])
     assert (await fetch(later, "/items/1")).startswith("unauthorized: ")
+
+
+async def test_untrust_revokes_the_credentials_at_once(world: World, tmp_path: Path) -> None:
+    await sign_in(world, tmp_path)
+    session = await world.daemon.new_session(mode="bypass", allow=["mcp__up__*"])
+    assert (await fetch(session, "/items/1")).startswith("200 ")
+    (pid,) = _connector_pids()
+    environ = _process_environ(pid)
+    own = {"Authorization": environ["API_AUTHORIZATION"], "X-Sidecar-Context": environ["API_CONTEXT"]}
+    sent = len(world.upstream.seen)
+    shown = await world.daemon.control("POST", "/control/connectors/up/untrust")
+    assert shown["state"] == "configured", shown
+    assert await _raw(world, "GET", "/mcp/internal/up/api/items/1", own) == 401
+    assert len(world.upstream.seen) == sent
