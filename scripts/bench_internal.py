@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -43,6 +42,11 @@ CLIENT = '''
 import asyncio, json, os, sys, time
 import httpx2
 
+def summary(samples):
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return {"n": len(ordered), "p50": ordered[len(ordered) // 2], "p99": p99}
+
 async def measure(url, headers, n, warm):
     out = []
     async with httpx2.AsyncClient(timeout=30) as http:
@@ -59,16 +63,16 @@ async def measure(url, headers, n, warm):
 def main():
     if sys.argv[1] == "direct":
         url, token, n, warm = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-        print(json.dumps(asyncio.run(measure(url, {"Authorization": "Bearer " + token}, n, warm))))
+        print(json.dumps(summary(asyncio.run(measure(url, {"Authorization": "Bearer " + token}, n, warm)))))
         return
     from mcp.server.mcpserver import MCPServer
     server = MCPServer("benchapi")
 
     @server.tool()
     async def run(n: int, warm: int) -> str:
-        """n sequential GETs through the internal API; their latencies (ms) as JSON."""
+        """n sequential GETs through the internal API; their p50 and p99 (ms) as JSON."""
         headers = {"Authorization": os.environ["API_AUTHORIZATION"], "X-Sidecar-Context": os.environ["API_CONTEXT"]}
-        return json.dumps(await measure(os.environ["API_BASE"] + "/items/1", headers, n, warm))
+        return json.dumps(summary(await measure(os.environ["API_BASE"] + "/items/1", headers, n, warm)))
 
     server.run()
 
@@ -157,11 +161,9 @@ async def upstream() -> tuple[web.AppRunner, int]:
     return runner, int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
 
 
-def figures(name: str, samples: list[float]) -> tuple[float, float]:
-    ordered = sorted(samples)
-    p50 = statistics.median(ordered)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    print(f"{name:<14} n={len(ordered):<5} p50 {p50:7.3f} ms   p99 {p99:7.3f} ms")
+def figures(name: str, measured: dict[str, Any]) -> tuple[float, float]:
+    p50, p99 = float(measured["p50"]), float(measured["p99"])
+    print(f"{name:<14} n={measured['n']:<5} p50 {p50:7.3f} ms   p99 {p99:7.3f} ms")
     return p50, p99
 
 
@@ -217,7 +219,7 @@ async def run(n: int, warm: int) -> int:
                 text = "".join(getattr(block, "text", "") for block in result.content)
                 if result.is_error:
                     raise SystemExit(f"the internal API run failed: {text}")
-                through: list[Any] = json.loads(text)
+                through: dict[str, Any] = json.loads(text)
     finally:
         await runner.cleanup()
     d50, d99 = figures("direct", direct)
