@@ -24,16 +24,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import urljoin
 
 import aiohttp
 
 from sidecar.errors import UpstreamFailed
-from sidecar.oauth.grant import GrantKeeper, NeedsAuthorization
+from sidecar.oauth.grant import NeedsAuthorization
 from sidecar.oauth.target import Target, UpstreamRule
 
-__all__ = ["MAX_RESPONSE_BYTES", "UPSTREAM_TIMEOUT", "Answer", "Forwarder", "UpstreamFailed"]
+__all__ = ["MAX_RESPONSE_BYTES", "UPSTREAM_TIMEOUT", "Answer", "Forwarder", "TokenSource", "UpstreamFailed"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,16 @@ _RESPONSE_HEADERS: Final = frozenset(
     }
 )
 _RESPONSE_PREFIXES: Final = ("x-ratelimit-", "ratelimit")
+
+
+class TokenSource(Protocol):
+    """What the forwarder needs of a grant (``grant.GrantKeeper``; tests swap it)."""
+
+    connector_id: str
+
+    async def access_token(self) -> str | None: ...
+
+    async def rejected(self, token: str | None) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +128,7 @@ class Forwarder:
 
     async def forward(
         self,
-        keeper: GrantKeeper,
+        keeper: TokenSource,
         rule: UpstreamRule,
         target: Target,
         *,
