@@ -40,9 +40,11 @@ from sidecar.appkeys import (
     CREDENTIALS,
     HUB,
     INFLIGHT,
+    INTERNAL_API,
     MCP_ENDPOINT,
     OAUTH,
     PATHS,
+    PROCESS_CREDENTIALS,
     REGISTRY,
     RELAY_ENDPOINT,
     REST,
@@ -60,6 +62,7 @@ from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
 from sidecar.auth.owners import watching_owners
 from sidecar.auth.persist import StateJournal
+from sidecar.auth.process_credentials import ProcessCredentials
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.approvals import Approval, ApprovalStore
@@ -68,20 +71,24 @@ from sidecar.bus.builtins import install_builtins
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
-from sidecar.connectors.manager import ConnectorManager
+from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.pool import LaunchContext, PoolLimits
 from sidecar.connectors.proxy import Deferral
 from sidecar.connectors.service import ConnectorService
 from sidecar.connectors.watch import ConfigWatcher
 from sidecar.control import add_control_routes
 from sidecar.edge.endpoint import McpEndpoint
+from sidecar.edge.internal import INTERNAL_ROUTE, InternalApi
 from sidecar.edge.mcp import ChangeHub, build_mcp_server
 from sidecar.edge.relay import Relay
 from sidecar.edge.rest import RestFacade, add_rest_routes
+from sidecar.errors import NotFound
 from sidecar.http import add_security_headers, error_middleware, json_response
 from sidecar.names import PROXY_ROUTE
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.oauth.broker import CALLBACK_PATH, Broker
+from sidecar.oauth.forward import Forwarder
+from sidecar.oauth.target import UpstreamRule
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
 from sidecar.store.credentials import CredentialStore, DeferredKey
@@ -195,6 +202,14 @@ async def _auth(app: web.Application) -> AsyncIterator[None]:
     sessions.subscribe(lambda session, event: _audit_session(audit, session, event))
     if restored.sessions or restored.tokens:
         audit.append("session.restored", sessions=[s.id for s in restored.sessions], routes=sorted(restored.tokens))
+    # Connector processes' internal-API credentials: a session's die with it, at once.
+    credentials = app[PROCESS_CREDENTIALS] = ProcessCredentials(inflight)
+
+    def session_event(session: Session, event: str) -> None:
+        if event in _GONE:
+            credentials.revoke_session(session.id)
+
+    sessions.subscribe(session_event)
     async with watching_owners(sessions.owned, sessions.end):
         yield
 
@@ -230,10 +245,16 @@ def _bus(registry: ToolRegistry) -> Subsystem:
 async def _oauth(app: web.Application) -> AsyncIterator[None]:
     runtime, audit = app[RUNTIME], app[AUDIT]
 
+    def provider_package(connector_id: str) -> bool:
+        """A local package signing in to its provider (``oauth-client.json``): its processes hold no token,
+        only internal-API credentials."""
+        return app[CONNECTORS].manager.get(connector_id).spec.oauth is not None
+
     async def signed_in(connector_id: str) -> None:
-        """Signed in. Connections made under the old grant end (a server may bind its MCP sessions to the
-        credential that opened them: step-up's new token would find them gone) and reopen on the next
-        call; a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
+        """Signed in. Connections and processes made under the old grant end (a server may bind its MCP
+        sessions to the credential that opened them: step-up's new token would find them gone; a
+        package's processes whose credentials a revoke ended start afresh) and reopen on the next call;
+        a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
         service = app[CONNECTORS]
         await service.disconnect(connector_id)
         connector = service.manager.get(connector_id)
@@ -241,7 +262,10 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
             await service.trust(connector_id)
 
     async def disconnect(connector_id: str) -> None:
-        await app[CONNECTORS].disconnect(connector_id)
+        app[PROCESS_CREDENTIALS].revoke_connector(connector_id)  # aborts its internal-API calls now
+        if not provider_package(connector_id):
+            await app[CONNECTORS].disconnect(connector_id)
+        # A package's processes stay: their next internal-API call gets 401 and they say so to the agent.
 
     broker = app[OAUTH] = Broker(
         app[CREDENTIALS],
@@ -256,15 +280,17 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
 
 async def _connectors(app: web.Application) -> AsyncIterator[None]:
     settings, paths, runtime, sessions, hub = app[SETTINGS], app[PATHS], app[RUNTIME], app[SESSIONS], app[HUB]
+    credentials = app[PROCESS_CREDENTIALS]
 
     def launch_context(session_id: str, workspace: str) -> LaunchContext:
         return LaunchContext(
             origin=f"http://127.0.0.1:{runtime.port}",
-            # The internal API this credential is for arrives with the OAuth broker; until then it
-            # authorizes nothing, and a connector never sees a route token or the user's tokens.
+            # A process gets its own internal-API credential (minted at spawn, revoked at exit); a remote
+            # connector has no process and this value authorizes nothing.
             authorization=f"Bearer {mint_token()}",
             envelope=sessions.envelope(session_id),
             workspace=workspace,
+            mint=lambda connector_id: credentials.mint(connector_id, session_id),
         )
 
     def notify(session_id: str | None) -> None:
@@ -278,6 +304,13 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         trust=app[TRUST],
     )
     manager.refresh()
+    # SECURITY: what is no longer trusted as configured loses its internal-API credentials at once.
+
+    def withdrawn(connector: Connector, event: str) -> None:
+        if event in ("untrusted", "changed"):
+            credentials.revoke_connector(connector.id)
+
+    manager.subscribe(withdrawn)
     limits = settings.connectors
     service = app[CONNECTORS] = ConnectorService(
         manager=manager,
@@ -303,8 +336,8 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
     )
     sessions.subscribe(lambda session, event: service.session_ended(session.id) if event in _GONE else None)
     # Each remote connector's sign-in state as stored (``ready`` after a restart), before any call.
-    remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http"]
-    await app[OAUTH].load({spec.id: spec.launch.oauth is not None for spec in remote})
+    remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http" or c.spec.oauth is not None]
+    await app[OAUTH].load({spec.id: spec.launch.oauth is not None or spec.oauth is not None for spec in remote})
     watched = [paths.config, paths.data / "plugins", paths.data / "connectors", SHIPPED_CONNECTORS]
     for directory in watched[1:3]:
         ensure_private_dir(directory)
@@ -326,12 +359,36 @@ async def _edge(app: web.Application) -> AsyncIterator[None]:
     endpoint = app[MCP_ENDPOINT] = McpEndpoint(server, settings=settings, inflight=inflight, hub=hub)
     relay_endpoint = app[RELAY_ENDPOINT] = McpEndpoint(relay.server(), settings=settings, inflight=inflight, hub=hub)
     app[REST] = RestFacade(registry=app[REGISTRY], tools=tools, sessions=sessions, limits=settings.limits)
-    async with endpoint.run(), relay_endpoint.run():
+    forwarder = Forwarder()
+    app[INTERNAL_API] = InternalApi(
+        credentials=app[PROCESS_CREDENTIALS],
+        sessions=sessions,
+        upstream_of=lambda connector_id: _upstream_of(app, connector_id),
+        keeper=app[OAUTH].keeper,
+        forwarder=forwarder,
+        audit=app[AUDIT].append,
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(forwarder.close)
+        await stack.enter_async_context(endpoint.run())
+        await stack.enter_async_context(relay_endpoint.run())
         app[ROUTES].register(PROXY_ROUTE, path="/mcp")
         connectors.start()  # cached tools of connectors trusted earlier, and their own routes
         app[ROUTES].drop_unclaimed()  # tokens of an earlier run whose route is not mounted now
         yield
         await _revoke_all(app)
+
+
+def _upstream_of(app: web.Application, connector_id: str) -> UpstreamRule | None:
+    """The internal API's rule for a connector: its declared upstream, while it is trusted as configured."""
+    try:
+        connector = app[CONNECTORS].manager.get(connector_id)
+    except NotFound:
+        return None
+    oauth = connector.spec.oauth
+    if oauth is None or not app[TRUST].is_trusted(connector.key):
+        return None
+    return UpstreamRule.of(oauth["upstream"])
 
 
 async def _revoke_all(app: web.Application) -> None:
@@ -352,12 +409,16 @@ def _add_routes(app: web.Application) -> None:
     async def relayed(request: web.Request) -> web.StreamResponse:
         return await request.app[RELAY_ENDPOINT].handle(request, request[PRINCIPAL])
 
+    async def internal(request: web.Request) -> web.Response:
+        return await request.app[INTERNAL_API].handle(request)
+
     async def healthz(request: web.Request) -> web.Response:
         return json_response({"status": "ok"})
 
     app.router.add_get("/healthz", healthz)
     app.router.add_route("*", "/mcp", mcp)
     app.router.add_route("*", "/mcp/connectors/{connector_id}", relayed)
+    app.router.add_route("*", INTERNAL_ROUTE, internal)
     add_rest_routes(app, lambda request: request.app[REST])
     add_control_routes(app)
 

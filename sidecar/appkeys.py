@@ -15,6 +15,7 @@ from aiohttp import web
 
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.persist import StateJournal
+from sidecar.auth.process_credentials import ProcessCredentials
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
 from sidecar.bus.approvals import ApprovalStore
@@ -24,6 +25,7 @@ from sidecar.bus.tools import ToolService
 from sidecar.config import Settings
 from sidecar.connectors.service import ConnectorService
 from sidecar.edge.endpoint import McpEndpoint
+from sidecar.edge.internal import InternalApi
 from sidecar.edge.mcp import ChangeHub
 from sidecar.edge.rest import RestFacade
 from sidecar.oauth.broker import Broker
@@ -89,6 +91,8 @@ BILLING = web.AppKey("billing", BillingGate)
 CONNECTORS = web.AppKey("connectors", ConnectorService)
 TRUST = web.AppKey("trust", TrustStore)
 OAUTH = web.AppKey("oauth", Broker)
+PROCESS_CREDENTIALS = web.AppKey("process_credentials", ProcessCredentials)
+INTERNAL_API = web.AppKey("internal_api", InternalApi)
 MCP_ENDPOINT = web.AppKey("mcp_endpoint", McpEndpoint)
 RELAY_ENDPOINT = web.AppKey("relay_endpoint", McpEndpoint)
 REST = web.AppKey("rest", RestFacade)

@@ -21,11 +21,12 @@ from sidecar.auth.owners import Owner
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.pool import LaunchContext, launch_plan
 from sidecar.connectors.spec import OAuthClient
-from sidecar.errors import NotFound, RequestRejected, StorageError
+from sidecar.errors import AuthorizationRefused, NotFound, RequestRejected, StorageError
 from sidecar.http import json_response
 from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
 from sidecar.net.body import read_json
 from sidecar.oauth.broker import PreRegistered
+from sidecar.oauth.provider import ProviderClient
 from sidecar.store.files import read_private
 from sidecar.text import preview
 from sidecar.validation import render_errors
@@ -256,12 +257,14 @@ async def connect_connector(request: web.Request) -> web.Response:
     app, connector_id = request.app, request.match_info["connector_id"]
     app[CONNECTORS].manager.refresh()  # the config as it is now on disk, not as the watcher last saw it
     connector = app[CONNECTORS].manager.get(connector_id)
-    if connector.spec.launch.transport != "http":
-        raise RequestRejected(f"connector {connector_id} is not a remote (http) server; only those sign in")
+    if connector.spec.launch.transport != "http" and connector.spec.oauth is None:
+        raise RequestRejected(f"connector {connector_id} signs in to nothing (no remote server, no oauth-client.json)")
     if not app[TRUST].is_trusted(connector.key):
         raise RequestRejected(
             f"connector {connector_id} is not trusted as configured now: sidecar connectors trust {connector_id}"
         )
+    if connector.spec.oauth is not None:
+        return await _connect_provider(request, connector)
     plan = launch_plan(connector.spec, LaunchContext(origin="", authorization="", envelope="", workspace=""))
     if plan.url is None:
         raise RequestRejected(f"connector {connector_id} has no URL")
@@ -274,22 +277,54 @@ async def _pre_registered(connector_id: str, client: OAuthClient | None) -> PreR
     """The entry's ``oauth`` client, its secret read from its file now (never logged, audited or echoed)."""
     if client is None:
         return None
-    secret = None
-    if client.secret_file is not None:
-        try:
-            # SECURITY: read_private refuses a file that is not ours, is group/world accessible, or a link.
-            raw = await asyncio.to_thread(read_private, client.secret_file, max_bytes=_MAX_SECRET_BYTES)
-            secret = raw.decode("utf-8").strip()
-        except FileNotFoundError:
-            raise RequestRejected(
-                f"connector {connector_id}: the client secret file {client.secret_file} is missing"
-            ) from None
-        except (StorageError, UnicodeDecodeError) as exc:
-            why = str(exc) if isinstance(exc, StorageError) else "it is not UTF-8 text"
-            raise RequestRejected(f"connector {connector_id}: cannot use the client secret file: {why}") from None
-        if not secret:
-            raise RequestRejected(f"connector {connector_id}: the client secret file {client.secret_file} is empty")
+    secret = await _read_secret(connector_id, client.secret_file) if client.secret_file is not None else None
     return PreRegistered(client.client_id, secret, client.scopes, metadata_document=client.metadata_document)
+
+
+async def _read_secret(connector_id: str, path: Path) -> str:
+    try:
+        # SECURITY: read_private refuses a file that is not ours, is group/world accessible, or a link.
+        raw = await asyncio.to_thread(read_private, path, max_bytes=_MAX_SECRET_BYTES)
+        secret = raw.decode("utf-8").strip()
+    except FileNotFoundError:
+        raise RequestRejected(f"connector {connector_id}: the client secret file {path} is missing") from None
+    except (StorageError, UnicodeDecodeError) as exc:
+        why = str(exc) if isinstance(exc, StorageError) else "it is not UTF-8 text"
+        raise RequestRejected(f"connector {connector_id}: cannot use the client secret file: {why}") from None
+    if not secret:
+        raise RequestRejected(f"connector {connector_id}: the client secret file {path} is empty")
+    return secret
+
+
+class ProviderSignIn(_Body):
+    """``connectors connect`` of a package with ``oauth-client.json``: the user's own client, if any."""
+
+    client_id: str | None = Field(default=None, min_length=1, max_length=512)
+    client_secret_file: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Absolute path of a file only the user can read; its secret is kept in the credential store."""
+
+
+async def _connect_provider(request: web.Request, connector: Connector) -> web.Response:
+    app, connector_id, oauth = request.app, connector.id, connector.spec.oauth
+    if oauth is None:
+        raise RequestRejected(f"connector {connector_id} has no oauth-client.json")
+    body = await _parse(request, ProviderSignIn)
+    secret = None
+    if body.client_secret_file is not None:
+        if not body.client_secret_file.startswith("/"):
+            raise RequestRejected("client_secret_file must be an absolute path")
+        secret = await _read_secret(connector_id, Path(body.client_secret_file))
+    client_id = body.client_id
+    if client_id is None and secret is None:  # a sign-in again: the client the user gave last time
+        stored = await app[OAUTH].keeper(connector_id).storage_grant()
+        if stored is not None and stored.client is not None and not oauth.get("client_id"):
+            client_id, secret = stored.client.client_id, stored.client.client_secret
+    try:
+        provider = ProviderClient.of(connector_id, oauth, client_id=client_id, client_secret=secret)
+    except AuthorizationRefused as exc:
+        raise RequestRejected(str(exc)) from None
+    flow = await app[OAUTH].connect_provider(connector_id, provider)
+    return json_response(flow, headers={"Cache-Control": "no-store"})
 
 
 async def revoke_connector(request: web.Request) -> web.Response:

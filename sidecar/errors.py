@@ -20,6 +20,7 @@
     ├── NotFound                        404   not_found
     ├── Conflict                        409   conflict            e.g. a second daemon on one home
     ├── AuthorizationRefused            502   authorization_refused  an OAuth server we will not sign in to
+    ├── UpstreamFailed                  502   upstream_failed     a connector's upstream API (internal API)
     └── ToolError                       --    tool_error          becomes an MCP result with isError
 
 No module here imports aiohttp: the mapping to responses lives at the edges (``sidecar/http.py``).
@@ -53,6 +54,7 @@ __all__ = [
     "ToolError",
     "Unauthorized",
     "UnsupportedMediaType",
+    "UpstreamFailed",
     "find_error",
 ]
 
@@ -147,6 +149,13 @@ class AuthorizationRefused(SidecarError):
 
     status = 502
     code = "authorization_refused"
+
+
+class UpstreamFailed(SidecarError):
+    """A connector's upstream API did not answer usably through the internal API (unreachable, slow, too large)."""
+
+    status = 502
+    code = "upstream_failed"
 
 
 class ToolError(SidecarError):

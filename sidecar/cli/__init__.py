@@ -217,7 +217,12 @@ def cmd_connectors_untrust(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_connectors_connect(args: argparse.Namespace, paths: Paths) -> int:
     from sidecar.cli.signin import connect
 
-    return connect(_client(paths), args.connector_id, browser=not args.no_browser, timeout=args.timeout)
+    client: dict[str, str] = {"client_id": args.client_id} if args.client_id else {}
+    if args.client_secret_file:
+        client["client_secret_file"] = str(Path(args.client_secret_file).absolute())
+    return connect(
+        _client(paths), args.connector_id, browser=not args.no_browser, timeout=args.timeout, client_info=client or None
+    )
 
 
 def cmd_connectors_revoke(args: argparse.Namespace, paths: Paths) -> int:
@@ -364,10 +369,19 @@ def _connector_commands(sub: Any) -> None:
         ("untrust", cmd_connectors_untrust, "withdraw trust: its processes stop and its tools leave every session"),
     ):
         _command(group, name, handler, help_text, json=True).add_argument("connector_id")
-    connect = _command(group, "connect", cmd_connectors_connect, "sign in to a remote connector (OAuth, in a browser)")
+    connect = _command(
+        group,
+        "connect",
+        cmd_connectors_connect,
+        "sign in to a remote connector or a package's provider (OAuth, in a browser)",
+    )
     connect.add_argument("connector_id")
     connect.add_argument("--no-browser", action="store_true", help="print the URL only; open it yourself")
     connect.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the sign-in")
+    connect.add_argument("--client-id", help="a package's OAuth client: the id you registered with the provider")
+    connect.add_argument(
+        "--client-secret-file", help="a file only you can read holding that client's secret (kept encrypted)"
+    )
     revoke = _command(group, "revoke", cmd_connectors_revoke, "delete and revoke a connector's sign-in", json=True)
     revoke.add_argument("connector_id")
     install = _command(group, "install", cmd_connectors_install, "validate and install a connector package", json=True)

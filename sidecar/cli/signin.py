@@ -19,8 +19,11 @@ __all__ = ["connect"]
 POLL_INTERVAL: Final = 0.5
 
 
-def connect(client: Any, connector_id: str, *, browser: bool, timeout: float) -> int:
-    started = client.call("POST", f"/control/connectors/{connector_id}/connect")
+def connect(
+    client: Any, connector_id: str, *, browser: bool, timeout: float, client_info: dict[str, str] | None = None
+) -> int:
+    """``client_info``: a package's OAuth client the user registered (``client_id``, ``client_secret_file``)."""
+    started = client.call("POST", f"/control/connectors/{connector_id}/connect", client_info)
     url = started.get("authorization_url")
     if url is None:
         print(f"{connector_id}: no sign-in needed (sign-in state: {started.get('auth')})")

@@ -24,9 +24,10 @@ import builtins
 import enum
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sidecar.connectors.manifests import ConnectorSpec, ManifestProblem, discover, load_package
 from sidecar.connectors.trustkey import trust_key
@@ -105,7 +106,19 @@ class Connector:
                     "tool_drift": dict(self.tool_drift),
                 }
             )
+            if self.spec.oauth is not None:
+                body.update(_provider(self.spec.oauth))
         return body
+
+
+def _provider(oauth: Mapping[str, Any]) -> dict[str, object]:
+    """A package's ``oauth-client.json`` as ``connectors show`` tells it: what the internal API may reach."""
+    upstream = oauth["upstream"]
+    return {
+        "oauth_client": oauth["client_id"] or "(yours: connect --client-id)",
+        "oauth_pkce": "S256" if oauth["pkce"] else "none: the provider has no PKCE; the sign-in relies on state alone",
+        "upstream": f"{upstream['base_url']} {', '.join(upstream['methods'])} {' '.join(upstream['paths'])}",
+    }
 
 
 ChangeListener = Callable[[Connector, str], None]

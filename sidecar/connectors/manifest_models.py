@@ -29,10 +29,7 @@ from pydantic import (
 )
 
 from sidecar.connectors.manifest_fields import (
-    ABSENT,
     GIVEN,
-    ApiBaseUrl,
-    ClientSecret,
     ClientSecretFile,
     Command,
     Context,
@@ -56,7 +53,6 @@ from sidecar.connectors.manifest_fields import (
     Text,
     ToolName,
     UnknownTransport,
-    Url,
     context_of,
 )
 from sidecar.connectors.spec import ProcessMode, session_dependence
@@ -65,7 +61,6 @@ __all__ = [
     "ConnectorFile",
     "HttpEntry",
     "HttpOAuth",
-    "OAuthClientFile",
     "PackageServersFile",
     "PluginFile",
     "ServersFile",
@@ -306,33 +301,6 @@ class ConnectorFile(_Model):
     """``false``: the connector works offline, so sessions without the network may use it."""
     process: ProcessMode = "session"
     """``"shared"``: one process of it serves every session (its ``mcp.json`` must have nothing per session)."""
-
-
-class OAuthClientFile(_Model):
-    """A package's ``oauth-client.json``: the authorization server (RFC 8414 metadata, or its endpoints)."""
-
-    client_secret: ClientSecret = Field(default=None, exclude=True)
-    """Refused whenever present; its value is never read nor repeated."""
-    schema_: Any = Field(default=None, alias="$schema", exclude=True)
-    metadata_url: Annotated[Url | None, GIVEN] = None
-    authorization_endpoint: Annotated[Url | None, GIVEN] = Field(default=ABSENT, validate_default=True)
-    token_endpoint: Annotated[Url | None, GIVEN] = Field(default=ABSENT, validate_default=True)
-    revocation_endpoint: Annotated[Url | None, GIVEN] = None
-    resource: Annotated[Url | None, GIVEN] = None
-    client_id: Text
-    api_base_url: ApiBaseUrl
-    scopes: list[ScopeToken] = Field(default_factory=list)
-
-    @field_validator("authorization_endpoint", "token_endpoint")
-    @classmethod
-    def _endpoints_or_metadata(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if "metadata_url" not in info.data:
-            return value  # metadata_url itself is wrong; its problem is the one to read
-        if value is not None and info.data["metadata_url"] is not None:
-            raise ValueError("give either metadata_url or authorization_endpoint + token_endpoint, not both")
-        if value is None and info.data["metadata_url"] is None:
-            raise ValueError("missing (or give metadata_url for RFC 8414 discovery)")
-        return value
 
 
 class PluginFile(_Model):

@@ -37,7 +37,6 @@ from sidecar.connectors.manifest_fields import MAX_ID_LENGTH, PLACEHOLDERS, Cont
 from sidecar.connectors.manifest_models import (
     ConnectorFile,
     HttpEntry,
-    OAuthClientFile,
     PackageServersFile,
     PluginFile,
     ServersFile,
@@ -46,6 +45,7 @@ from sidecar.connectors.manifest_models import (
     shared_refusal,
     validate_entry,
 )
+from sidecar.connectors.manifest_oauth import OAuthClientFile
 from sidecar.connectors.spec import ConnectorSpec, LaunchConfig, ManifestProblem, OAuthClient
 from sidecar.errors import ConfigError, StorageError
 from sidecar.store.files import loads_strict, read_private
@@ -221,7 +221,18 @@ def _package(directory: Path) -> ConnectorSpec:
     if os.path.lexists(oauth_path):
         data = _read_required(oauth_path, "it vanished while being read")
         client = _validate(OAuthClientFile, oauth_path, data, context).model_dump()
-        oauth = MappingProxyType({**client, "scopes": tuple(client["scopes"])})
+        upstream = client["upstream"]
+        upstream = MappingProxyType(
+            {**upstream, "paths": tuple(upstream["paths"]), "methods": tuple(upstream["methods"])}
+        )
+        oauth = MappingProxyType(
+            {
+                **client,
+                "scopes": tuple(client["scopes"]),
+                "authorize_params": MappingProxyType(client["authorize_params"]),
+                "upstream": upstream,
+            }
+        )
     return ConnectorSpec(
         id=connector.id,
         kind="package",

@@ -114,6 +114,9 @@ class LaunchContext:
     authorization: str
     envelope: str
     workspace: str
+    mint: Callable[[str], tuple[str, Callable[[], None]]] | None = None
+    """A process's own internal-API credential for a connector id: (token, release); when given, it is
+    what ``${SIDECAR_LOCAL_MCP_AUTHORIZATION}`` carries, and the process's exit releases it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +128,8 @@ class LaunchPlan:
     cwd: str | None
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    release: Callable[[], None] | None = None
+    """Revokes what was minted for this process (its internal-API credential) once it has exited."""
 
 
 def scrubbed_environment(declared: Mapping[str, str], source: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -158,13 +163,17 @@ def launch_plan(spec: ConnectorSpec, context: LaunchContext, *, environ: Mapping
         return LaunchPlan(argv=(), env={}, cwd=None, url=expand(launch.url), headers=headers)
     if launch.command is None:
         raise ToolError(f"connector {spec.id} has no command to run")
+    release = None
+    if context.mint is not None:  # SECURITY: the process's own credential, never a route or user token
+        token, release = context.mint(spec.id)
+        values["SIDECAR_LOCAL_MCP_AUTHORIZATION"] = f"Bearer {token}"
     command = expand(launch.command)
     if spec.kind in ("package", "plugin") and command in _PYTHON_COMMANDS:
         # Shipped Python packages run on the daemon's interpreter, where the mcp package is installed.
         command = sys.executable
     env = scrubbed_environment({k: expand(v) for k, v in launch.env.items()}, environ)
     cwd = expand(launch.cwd) if launch.cwd else context.workspace
-    return LaunchPlan(argv=(command, *(expand(a) for a in launch.args)), env=env, cwd=cwd)
+    return LaunchPlan(argv=(command, *(expand(a) for a in launch.args)), env=env, cwd=cwd, release=release)
 
 
 class HttpAuthSource(Protocol):
@@ -441,8 +450,16 @@ class ConnectorPool:
         finally:
             slot.client = None
             slot.process = None
+            if plan.release is not None:
+                plan.release()  # the process is gone: so is its internal-API credential
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} stopped before it was ready"))
+        self._held(spec, slot, process, crashed=crashed, reason=reason)
+
+    def _held(
+        self, spec: ConnectorSpec, slot: _Slot, process: ConnectorProcess, *, crashed: bool, reason: str | None
+    ) -> None:
+        """A process's hold ended: record a failure, replace a lost spare, or restart after a crash."""
         # The process has been stopped by now, so its stderr tail is complete.
         key = slot.key  # a spare's may have changed: the session that took it
         if crashed or process.failed:

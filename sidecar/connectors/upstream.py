@@ -234,6 +234,8 @@ class Upstream:
             self._report_failure(None)
         finally:
             self._dispatcher = None
+            if self._plan.release is not None:
+                self._plan.release()  # the process is gone: so is its internal-API credential
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {self.name} stopped before it was ready"))
 

@@ -25,7 +25,7 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
@@ -40,6 +40,7 @@ from pydantic import AnyUrl
 from sidecar.errors import Conflict, StorageError, find_error
 from sidecar.oauth.flow import AuthorizationRefused, build_provider, s256_guard
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
+from sidecar.oauth.provider import ProviderClient, sign_in
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
 from sidecar.store.credentials import CredentialStore
 from sidecar.text import preview
@@ -182,6 +183,19 @@ class Broker:
         stored grant still works). Raises ``AuthorizationRefused`` when the server is unsafe to sign in
         to (e.g. its AS lacks S256), before any URL is handed out.
         """
+
+        async def run(flow: _Flow, keeper: GrantKeeper) -> None:
+            await self._run(flow, keeper, url, dict(headers), client)
+
+        return await self._start(connector_id, run)
+
+    async def connect_provider(self, connector_id: str, provider: ProviderClient) -> dict[str, Any]:
+        """Start (or join) the sign-in of a package's provider (``oauth-client.json``); as ``connect``."""
+        return await self._start(connector_id, lambda flow, keeper: self._run_provider(flow, keeper, provider))
+
+    async def _start(
+        self, connector_id: str, run: Callable[[_Flow, GrantKeeper], Coroutine[Any, Any, None]]
+    ) -> dict[str, Any]:
         flow = self._flows.get(connector_id)
         if flow is None:
             loop = asyncio.get_running_loop()
@@ -189,13 +203,27 @@ class Broker:
             self._flows[connector_id] = flow
             keeper = self.keeper(connector_id)
             keeper.set_state(SignIn.STARTING)
-            run = self._run(flow, keeper, url, dict(headers), client)
-            flow.task = loop.create_task(run, name=f"sign-in-{connector_id}")
+            flow.task = loop.create_task(run(flow, keeper), name=f"sign-in-{connector_id}")
         try:
             authorization_url = await asyncio.wait_for(asyncio.shield(flow.url), URL_TIMEOUT)
         except TimeoutError:
             raise Conflict(f"the sign-in of {connector_id} did not produce an authorization URL in time") from None
         return {"authorization_url": authorization_url, "flow": flow.id, **self.public(connector_id)}
+
+    async def _run_provider(self, flow: _Flow, keeper: GrantKeeper, provider: ProviderClient) -> None:
+        storage = CredentialTokenStorage(self.store, connector=flow.connector_id, account=ACCOUNT)
+        try:
+            async with asyncio.timeout(FLOW_TIMEOUT):
+                driver = _CallbackDriver(self, flow)
+                await sign_in(provider, storage=storage, driver=driver, redirect_uri=self._redirect_uri())
+        except BaseException as exc:
+            self._failed(flow, keeper, exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            await self._succeeded(flow, keeper)
+        finally:
+            self._finish(flow)
 
     async def _run(
         self, flow: _Flow, keeper: GrantKeeper, url: str, headers: dict[str, str], client: PreRegistered | None
@@ -236,24 +264,31 @@ class Broker:
             if not isinstance(exc, Exception):
                 raise
         else:
-            if not flow.url.done():
-                flow.url.set_result(None)  # no sign-in was needed
-            await keeper.load()
-            if keeper.state is not SignIn.READY:
-                keeper.set_state(SignIn.NONE)
-            logger.info("sign-in of %s complete", cid)
-            self._audit("oauth.connect", connector=cid, outcome="ok")
-            if self._on_ready is not None:
-                try:  # before the flow is done: the callback page and the CLI see the connector usable
-                    await self._on_ready(cid)
-                except Exception as exc:  # the sign-in stands; the connector's own error says what failed
-                    logger.warning("after the sign-in of %s: %s", cid, _describe(exc))
+            await self._succeeded(flow, keeper)
         finally:
-            if flow.state_key is not None:
-                self._by_state.pop(flow.state_key, None)
-            if self._flows.get(cid) is flow:
-                del self._flows[cid]
-            flow.done.set()
+            self._finish(flow)
+
+    async def _succeeded(self, flow: _Flow, keeper: GrantKeeper) -> None:
+        cid = flow.connector_id
+        if not flow.url.done():
+            flow.url.set_result(None)  # no sign-in was needed
+        await keeper.load()
+        if keeper.state is not SignIn.READY:
+            keeper.set_state(SignIn.NONE)
+        logger.info("sign-in of %s complete", cid)
+        self._audit("oauth.connect", connector=cid, outcome="ok")
+        if self._on_ready is not None:
+            try:  # before the flow is done: the callback page and the CLI see the connector usable
+                await self._on_ready(cid)
+            except Exception as exc:  # the sign-in stands; the connector's own error says what failed
+                logger.warning("after the sign-in of %s: %s", cid, _describe(exc))
+
+    def _finish(self, flow: _Flow) -> None:
+        if flow.state_key is not None:
+            self._by_state.pop(flow.state_key, None)
+        if self._flows.get(flow.connector_id) is flow:
+            del self._flows[flow.connector_id]
+        flow.done.set()
 
     def _failed(self, flow: _Flow, keeper: GrantKeeper, exc: BaseException) -> None:
         reason = _describe(exc)

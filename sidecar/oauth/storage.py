@@ -144,6 +144,29 @@ class CredentialTokenStorage:
         self._grants = None
         return await self._current_grant()
 
+    async def save_sign_in(
+        self,
+        issuer: str,
+        *,
+        client: OAuthClientInformationFull,
+        tokens: OAuthToken,
+        authorization_server: OAuthMetadata,
+    ) -> StoredGrant:
+        """A whole grant from a sign-in run without the SDK's provider (a package's provider, ``oauth.provider``)."""
+        await self._loaded()
+        now = self._clock()
+        expires_at = None if tokens.expires_in is None else now + tokens.expires_in
+        grant = StoredGrant(
+            client=client,
+            tokens=tokens,
+            expires_at=expires_at,
+            issued_at=now,
+            saved_at=now,
+            authorization_server=authorization_server,
+        )
+        await self._save(issuer, grant)
+        return grant
+
     async def replace_tokens(self, tokens: OAuthToken) -> StoredGrant:
         """Save refreshed tokens into the current grant, keeping its issuer, client and metadata."""
         grants = await self._loaded()

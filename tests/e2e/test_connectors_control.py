@@ -29,7 +29,7 @@ TIME_SERVER = python_server(ECHO_SERVER, env={"TZ": "UTC"})
 async def test_sources_are_listed_untrusted_and_a_broken_entry_hides_nothing(daemon: Daemon) -> None:
     write_user_servers(daemon, {"time": TIME_SERVER, "broken": {"args": ["x"]}})
     listing = await daemon.control("GET", "/control/connectors")
-    assert _states(listing) == {"workspace": "configured", "time": "configured"}
+    assert _states(listing) == {"workspace": "configured", "github": "configured", "time": "configured"}
     [problem] = listing["problems"]
     assert "mcp.json" in problem and "broken" in problem and "command" in problem
 

@@ -44,7 +44,7 @@ OAUTH: dict[str, Any] = {
     "metadata_url": "https://auth.example.com/.well-known/oauth-authorization-server",
     "client_id": "sidecar-workspace",
     "scopes": ["files.read", "files.write"],
-    "api_base_url": "https://api.example.com/v1/",
+    "upstream": {"base_url": "https://api.example.com/v1", "paths": ["/files/"], "methods": ["GET", "PUT"]},
 }
 GOOD_STDIO: dict[str, Any] = {"command": "uvx", "args": ["mcp-server-time"], "env": {"TZ": "UTC"}}
 GOOD_HTTP: dict[str, Any] = {"type": "http", "url": "https://mcp.example.com/mcp", "headers": {"X-Team": "a"}}
@@ -109,7 +109,9 @@ def test_a_package_loads_its_launch_tool_risks_oauth_client_and_billing_manifest
     assert spec.oauth is not None
     assert spec.oauth["client_id"] == "sidecar-workspace"
     assert spec.oauth["scopes"] == ("files.read", "files.write")
-    assert spec.oauth["api_base_url"] == "https://api.example.com/v1/"
+    assert spec.oauth["upstream"]["base_url"] == "https://api.example.com/v1"
+    assert spec.oauth["upstream"]["methods"] == ("GET", "PUT")
+    assert spec.oauth["pkce"] is True
     assert spec.oauth["token_endpoint"] is None
 
 
@@ -142,7 +144,7 @@ def test_an_oauth_client_may_give_its_endpoints_instead_of_a_metadata_url(tmp_pa
         "token_endpoint": "https://auth.example.com/token",
         "revocation_endpoint": "https://auth.example.com/revoke",
         "client_id": "abc",
-        "api_base_url": "http://127.0.0.1:9000/api",
+        "upstream": {"base_url": "http://127.0.0.1:9000/api", "paths": ["/"], "methods": ["GET"]},
     }
     spec = load_package(_package(tmp_path, oauth=oauth))
     assert spec.oauth is not None
@@ -496,9 +498,12 @@ BROKEN_FILES: list[tuple[str, Breaker, str, str, str, set[str]]] = [
     ),
     (
         "oauth-client.json over plain http to a remote host",
-        lambda r: _write(r / "data/connectors/beta/oauth-client.json", {**OAUTH, "api_base_url": "http://api.example"}),
+        lambda r: _write(
+            r / "data/connectors/beta/oauth-client.json",
+            {**OAUTH, "upstream": {**OAUTH["upstream"], "base_url": "http://api.example"}},
+        ),
         "data/connectors/beta/oauth-client.json",
-        "api_base_url",
+        "upstream.base_url",
         "only to loopback",
         {"beta"},
     ),
@@ -506,7 +511,7 @@ BROKEN_FILES: list[tuple[str, Breaker, str, str, str, set[str]]] = [
         "oauth-client.json with neither metadata nor endpoints",
         lambda r: _write(
             r / "data/connectors/beta/oauth-client.json",
-            {"client_id": "x", "api_base_url": "https://a.example", "token_endpoint": "https://a.example/t"},
+            {"client_id": "x", "upstream": OAUTH["upstream"], "token_endpoint": "https://a.example/t"},
         ),
         "data/connectors/beta/oauth-client.json",
         "authorization_endpoint",
