@@ -225,13 +225,15 @@ async def test_an_authorization_server_without_s256_is_refused_before_any_browse
 
 
 async def test_concurrent_calls_on_an_expired_token_refresh_once(daemon: Daemon, tmp_path: Path) -> None:
-    with oauth_servers(tmp_path, AT_TTL="3") as servers:
+    # 8 s tokens: the refreshed one must outlive the 20 calls even on a loaded machine, or a second,
+    # legitimate refresh would be counted.
+    with oauth_servers(tmp_path, AT_TTL="8") as servers:
         await trust_remote(daemon, servers)
         await sign_in(daemon)
         sessions = [await daemon.new_session(mode="bypass", allow=["mcp__remote__*"]) for _ in range(3)]
         assert await call_echo(daemon, sessions[0], "warm") == "warm"
         before = len(servers.grants("refresh_token"))
-        await asyncio.sleep(3.2)  # the access token (3 s) is past its expiry now
+        await _until_inactive(servers, (await _stored_grant(daemon))["tokens"]["access_token"])
 
         async def calls(session: dict[str, Any], count: int) -> list[str]:
             async with mcp_client(session) as client:
@@ -247,6 +249,13 @@ async def test_concurrent_calls_on_an_expired_token_refresh_once(daemon: Daemon,
         assert sorted(text for texts in done for text in texts) == sorted(expected)
         assert len(servers.grants("refresh_token")) - before == 1
         assert not [e for e in servers.grants() if e["event"] == "grant.error"]
+
+
+async def _until_inactive(servers: Servers, token: str) -> None:
+    """Wait (bounded) until the AS says the access token has expired."""
+    async with asyncio.timeout(BOUND):
+        while (await servers.introspect(token))["active"]:
+            await asyncio.sleep(0.25)
 
 
 async def test_no_token_reaches_a_file_or_a_log_line(
