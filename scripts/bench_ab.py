@@ -65,6 +65,14 @@ tools.ToolService.call = call
 import sidecar.store.audit as audit
 audit.AuditLog.append = lambda self, *args, **kwargs: None
 """,
+    # Every 2025-era POST answered with one JSON body instead of an SSE stream (the [mcp] json_response setting).
+    "json-response": """
+import mcp.server.streamable_http_manager as manager
+init = manager.StreamableHTTPSessionManager.__init__
+def forced(self, app, **kwargs):
+    init(self, app, **{**kwargs, "json_response": True})
+manager.StreamableHTTPSessionManager.__init__ = forced
+""",
     "no-validate": """
 import sidecar.bus.tools as tools
 tools._clean_arguments = lambda tool, arguments: dict(arguments or {})
