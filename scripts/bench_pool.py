@@ -416,8 +416,12 @@ def build_pool(seed: int, n: int = N_TOOLS) -> ToolRegistry:
     rng = random.Random(seed)
     combos = [(s, v, o) for s in SERVICES for v in VERBS for o in NOUNS]
     registry = ToolRegistry()
-    for service, verb, noun in rng.sample(combos, n):
-        name = f"{service}_{verb}_{noun}"
+    picks = [(combo, "") for combo in rng.sample(combos, min(n, len(combos)))]
+    while len(picks) < n:  # more tools than names: the same names again, versioned (_v2, _v3, ...)
+        suffix = f"_v{len(picks) // len(combos) + 1}"
+        picks += [(combo, suffix) for combo in rng.sample(combos, min(n - len(picks), len(combos)))]
+    for (service, verb, noun), suffix in picks:
+        name = f"{service}_{verb}_{noun}{suffix}"
         target = rng.randint(20, 40)
         lead = f"{verb.capitalize()} a {noun.replace('_', ' ')} in {service.capitalize()}."
         parts = [lead]
@@ -936,7 +940,7 @@ async def amain(args: argparse.Namespace) -> int:
             log("decisions")
             bench_decide(w, plan, rows)
         # A pool smaller than the default threshold would defer nothing, leaving tool_search nothing to find.
-        defer_above = DEFER_ALL if N_TOOLS > DEFER_ALL else 0
+        defer_above = DEFER_ALL if N_TOOLS > DEFER_ALL else 1
         async with wired(args.seed, defer_above, workdir / "home-search", workspace) as w:
             log("tool_search in process")
             await bench_search(w, plan, rows, profiles, args.profile)
@@ -962,7 +966,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-http", action="store_true", help="skip the end-to-end HTTP rows")
     parser.add_argument("--profile", action="store_true", help="cProfile every timed path, not only misses")
     args = parser.parse_args(argv)
-    N_TOOLS, LISTED_ALL = args.tools, max(LISTED_ALL, args.tools + 100)
+    N_TOOLS, LISTED_ALL = args.tools, min(10_000, max(LISTED_ALL, args.tools + 100))  # the setting allows 10 000
     os.environ.pop("SIDECAR_HOME", None)  # every home here is a temporary directory
     try:
         return asyncio.run(amain(args))
