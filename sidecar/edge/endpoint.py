@@ -26,7 +26,7 @@ from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import session_key
 from sidecar.config import Settings
 from sidecar.edge.asgi import AsgiExchange, DisconnectWatcher
-from sidecar.edge.jsonanswer import JSON_ANSWER, JsonAnsweringManager, QuietCall
+from sidecar.edge.jsonanswer import JSON_ANSWER, JsonAnsweringManager, QuietCall, is_modern
 from sidecar.edge.mcp import CALLER, ChangeHub
 from sidecar.errors import UnsupportedMediaType
 from sidecar.net.body import read_jsonrpc
@@ -115,7 +115,8 @@ class McpEndpoint:
             # answers 404 to any other (contract §4).
             "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),  # noqa: S106
         }
-        if transport_id and self._quiet is not None and self._quiet(principal, message):
+        stateful_or_modern = bool(transport_id) or is_modern(request.headers.get("mcp-protocol-version"))
+        if stateful_or_modern and self._quiet is not None and self._quiet(principal, message):
             scope[JSON_ANSWER] = message  # nothing will be streamed: one JSON body (edge/jsonanswer.py)
         exchange = AsgiExchange(request, body, scope, watcher=self._watcher)
         keys = (route_key(principal.route), session_key(principal.session_id))

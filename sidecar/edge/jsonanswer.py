@@ -1,4 +1,4 @@
-"""One JSON body instead of an SSE stream, for a 2025-era request that will stream nothing.
+"""One JSON body instead of an SSE stream, for a request that will stream nothing.
 
 The SDK's Streamable HTTP transport answers every 2025-era POST of a stateful session with an SSE
 stream, so that progress, log lines and server→client requests (elicitation) can reach the client
@@ -9,11 +9,13 @@ already parsed and checked) gets a single ``application/json`` answer here; ever
 on exactly as the SDK has it.
 
 The endpoint marks only a ``tools/call`` on ``/mcp`` that carries no progress token and that the one
-decision lets run without asking (``edge/mcp.py: answers_in_json``): the bus then sends nothing on
-the request's stream. Should the decision change to *ask* while the call is in flight, the request's
-channel cannot send requests (``can_send_request`` is false, as in the SDK's own JSON mode) and the call
-falls back to a pending approval, as for any client that cannot be asked; anything else addressed to
-the request before its response is dropped here, as the SDK's JSON mode drops it.
+decision lets run without asking (``quiet_call``): the bus then sends nothing on the request's stream.
+A marked 2026-07-28 request goes to the SDK's own single-exchange handler in its JSON mode (unmarked
+ones get its default: JSON once the handler has finished without emitting, found out with two tasks,
+a stream and a timer per request). Should the decision change to *ask* while the call is in flight,
+the request's channel cannot send requests (``can_send_request`` is false, as in the SDK's own JSON
+mode) and the call falls back to a pending approval, as for any client that cannot be asked; anything
+else addressed to the request before its response is dropped here, as the SDK's JSON mode drops it.
 
 Everything before the dispatch is the SDK's: the DNS-rebinding middleware, the terminated-session
 404, the Accept and session/protocol-version header checks. The transport's streams and helpers have no
@@ -29,10 +31,18 @@ from http import HTTPStatus
 from typing import Any, Final
 
 import anyio
-from mcp.server.streamable_http import REQUEST_STREAM_BUFFER_SIZE, EventMessage, StreamableHTTPServerTransport
+from mcp.server._streamable_http_modern import handle_modern_request
+from mcp.server.streamable_http import (
+    REQUEST_STREAM_BUFFER_SIZE,
+    EventMessage,
+    StreamableHTTPServerTransport,
+    check_accept_headers,
+)
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp_types import INTERNAL_ERROR, JSONRPCError, JSONRPCRequest, JSONRPCResponse, jsonrpc_message_adapter
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -43,7 +53,7 @@ from sidecar.bus.policy import Verdict
 from sidecar.bus.tools import ToolService
 from sidecar.names import PROXY_ROUTE
 
-__all__ = ["JSON_ANSWER", "JsonAnsweringManager", "JsonAnsweringTransport", "QuietCall", "quiet_call"]
+__all__ = ["JSON_ANSWER", "JsonAnsweringManager", "JsonAnsweringTransport", "QuietCall", "is_modern", "quiet_call"]
 
 QuietCall = Callable[[Principal, Any], bool]
 """Whether a parsed request of a caller is answered in JSON (``quiet_call``)."""
@@ -130,10 +140,34 @@ async def _response_of(stream: Any) -> Any:
 
 
 class JsonAnsweringManager(StreamableHTTPSessionManager):
-    """The SDK's session manager, opening its 2025-era sessions on ``JsonAnsweringTransport``."""
+    """The SDK's session manager, opening its 2025-era sessions on ``JsonAnsweringTransport``, and handing
+    a marked 2026-07-28 request to the SDK's own single-exchange handler in its JSON mode."""
+
+    async def _handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get(JSON_ANSWER) is not None and _modern_accepting_both(scope):
+            # The SDK's modern handler, whole (its checks of the era's headers and envelope included), told
+            # to answer in JSON: without the two tasks, stream and timer it runs to learn that nothing
+            # was emitted before the result. Its JSON mode would accept a client that takes JSON only;
+            # such a client is not marked, so it meets the same 406 as before.
+            await handle_modern_request(
+                self.app, self.security_settings, True, self._lifespan_state, scope, receive, send
+            )
+            return
+        await super()._handle_request(scope, receive, send)
 
     def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
         transport = super()._admit_session(requestor)
         if transport is not None:
             transport.__class__ = JsonAnsweringTransport  # same state, one method more: no copy of the SDK's body
         return transport
+
+
+def is_modern(protocol_version: str | None) -> bool:
+    """Whether the SDK's manager routes a request with this ``MCP-Protocol-Version`` to its 2026-07-28 handler."""
+    return protocol_version is not None and protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+def _modern_accepting_both(scope: Scope) -> bool:
+    request = Request(scope)
+    has_json, has_sse = check_accept_headers(request)
+    return has_json and has_sse and is_modern(request.headers.get(MCP_PROTOCOL_VERSION_HEADER))

@@ -138,3 +138,51 @@ async def test_a_client_that_accepts_only_json_is_refused_as_the_sdk_refuses_it(
     async with http.post(daemon.mcp_url, json=body, headers=headers) as r:
         assert r.status == 406
     assert daemon.audit_events("tool.call") == []
+
+
+def modern_call(
+    name: str, arguments: dict[str, Any], *, header_name: str | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A 2026-07-28 tools/call: (body, headers)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": meta},
+    }
+    headers = {
+        **ACCEPT,
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": header_name or name,
+    }
+    return body, headers
+
+
+async def test_a_modern_quiet_call_is_answered_in_json_through_the_sdks_own_checks(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    session = await daemon.new_session()
+    body, headers = modern_call("calculate", {"expression": "6*7"})
+    async with http.post(daemon.mcp_url, json=body, headers={**session["headers"], **headers}) as r:
+        assert r.status == 200 and r.headers["content-type"].startswith("application/json")
+        answer = await r.json()
+    assert answer["result"]["content"][0]["text"] == "42" and answer["result"]["resultType"] == "complete"
+    assert [c["tool"] for c in daemon.audit_events("tool.call")] == ["calculate"]
+    # The era's header ladder still runs: an Mcp-Name that contradicts the body is refused, and nothing runs.
+    body, headers = modern_call("calculate", {"expression": "1"}, header_name="get_current_time")
+    async with http.post(daemon.mcp_url, json=body, headers={**session["headers"], **headers}) as r:
+        assert r.status == 400
+        assert "error" in await r.json()
+    # A client that takes JSON only is refused as before (the SDK's SSE mode needs both).
+    body, headers = modern_call("calculate", {"expression": "1"})
+    async with http.post(
+        daemon.mcp_url, json=body, headers={**session["headers"], **headers, "Accept": "application/json"}
+    ) as r:
+        assert r.status == 406
+    assert [c["tool"] for c in daemon.audit_events("tool.call")] == ["calculate"]
