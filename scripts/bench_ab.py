@@ -10,6 +10,11 @@ the daemon must do (audit, policy): they are measuring instruments, never config
     .venv/bin/python scripts/bench_ab.py --era modern normal no-audit no-validate
     .venv/bin/python scripts/bench_ab.py normal reference              # against the SDK's own server
     .venv/bin/python scripts/bench_ab.py --instructions normal reference   # instructions per call (valgrind)
+    .venv/bin/python scripts/bench_ab.py --instructions --route bus|relay   # a proxied connector call
+
+``--route bus`` calls ``mcp__echo__echo`` through ``/mcp`` and ``--route relay`` calls ``echo`` through
+``/mcp/connectors/echo``: the echo fixture (``tests/connectors/fixtures/echo_server.py``) trusted as a user
+connector of each daemon. Under ``--instructions`` only the daemon is counted, not the connector process.
 
 ``--instructions`` counts what each server executes per call under callgrind instead: deterministic
 (runs agree to about 1 %), so it settles what CPU time cannot here, but it does not see cache misses,
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import shutil
 import statistics
 import subprocess
@@ -39,7 +45,11 @@ from bench_mcp import (
     raw_http,
     reference_process,
 )  # scripts/ is sys.path[0]
-from benchlib import log, sidecar_daemon
+from benchlib import control_call, log, sidecar_daemon
+
+ECHO_SERVER = Path(__file__).resolve().parent.parent / "tests" / "connectors" / "fixtures" / "echo_server.py"
+ROUTES = ("builtin", "bus", "relay")
+"""What is called: the built-in ``calculate`` on ``/mcp``, or the echo connector proxied (``bus``) or relayed."""
 
 VARIANTS: dict[str, str | None] = {
     "normal": None,
@@ -54,6 +64,14 @@ tools.ToolService.call = call
     "no-audit": """
 import sidecar.store.audit as audit
 audit.AuditLog.append = lambda self, *args, **kwargs: None
+""",
+    # Every 2025-era POST answered with one JSON body instead of an SSE stream (the [mcp] json_response setting).
+    "json-response": """
+import mcp.server.streamable_http_manager as manager
+init = manager.StreamableHTTPSessionManager.__init__
+def forced(self, app, **kwargs):
+    init(self, app, **{**kwargs, "json_response": True})
+manager.StreamableHTTPSessionManager.__init__ = forced
 """,
     "no-validate": """
 import sidecar.bus.tools as tools
@@ -106,7 +124,10 @@ async def amain(args: argparse.Namespace) -> int:
             proc, runtime = stack.enter_context(variant_daemon(workdir, VARIANTS[name]))
             workspace = workdir / "workspace"
             workspace.mkdir()
-            session = await create_sidecar_session(runtime, workspace)
+            if args.route == "builtin":
+                session = await create_sidecar_session(runtime, workspace)
+            else:
+                session = await connector_session(runtime, workdir / "home", workspace, args.route)
             targets[name] = Target(name, session["url"], dict(session["headers"]), proc)
         if grind is not None:
             grind.stop_patching()
@@ -121,11 +142,42 @@ async def amain(args: argparse.Namespace) -> int:
                     cpu[name].append(per_call)
                 log(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{n} {cpu[n][-1]:.3f}" for n in names))
     base = statistics.median(cpu[names[0]])
-    print(f"server CPU ms per call, {args.era} era, {args.callers} raw callers, median of {args.rounds} rounds")
+    print(
+        f"server CPU ms per call, {args.route}, {args.era} era, {args.callers} raw callers, "
+        f"median of {args.rounds} rounds"
+    )
     for name in names:
         value = statistics.median(cpu[name])
         print(f"{name:16s} {value:6.3f} ms  x{value / base:5.3f}  rounds {' '.join(f'{v:.2f}' for v in cpu[name])}")
     return 0
+
+
+async def connector_session(runtime: dict[str, Any], home: Path, workspace: Path, route: str) -> dict[str, Any]:
+    """Trust the echo fixture as user connector ``echo`` and open a session that may call it on ``route``."""
+    import aiohttp
+
+    from sidecar.paths import Paths
+
+    config = Paths.resolve({"SIDECAR_HOME": str(home)}).config
+    config.mkdir(parents=True, exist_ok=True)
+    servers = config / "mcp.json"
+    servers.write_text(json.dumps({"mcpServers": {"echo": {"command": sys.executable, "args": [str(ECHO_SERVER)]}}}))
+    servers.chmod(0o600)
+    url, token = runtime["url"], runtime["control_token"]
+    async with aiohttp.ClientSession() as http:
+        for _ in range(100):  # the config watcher needs a moment to see the new file
+            shown = await control_call(http, url, token, "GET", "/control/connectors")
+            if any(c["id"] == "echo" for c in shown["connectors"]):
+                break
+            await asyncio.sleep(0.1)
+        await control_call(http, url, token, "POST", "/control/connectors/echo/trust")
+        body: dict[str, Any] = {"workspace": str(workspace), "mode": "bypass", "allow": ["*"]}
+        if route == "relay":
+            body["connector"] = "echo"
+        session: dict[str, Any] = await control_call(http, url, token, "POST", "/control/sessions", body)
+    bench_mcp.TOOL = "echo" if route == "relay" else "mcp__echo__echo"
+    bench_mcp.ARGS = {"text": bench_mcp.EXPECTED_TEXT}
+    return session
 
 
 class Callgrind:
@@ -194,7 +246,10 @@ async def count_instructions(http: Any, grind: Callgrind, targets: dict[str, Tar
         per_call[name] = await grind.count(target.pid, calls) / args.calls
         log(f"{name}: {per_call[name] / 1e6:.3f} M instructions per call")
     base = per_call[names[0]]
-    print(f"server instructions per call (callgrind), {args.era} era, {args.callers} raw callers, {args.calls} calls")
+    print(
+        f"server instructions per call (callgrind), {args.route}, {args.era} era, "
+        f"{args.callers} raw callers, {args.calls} calls"
+    )
     for name in names:
         print(f"{name:16s} {per_call[name] / 1e6:6.3f} M  x{per_call[name] / base:5.3f}")
     return 0
@@ -206,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "variants", nargs="*", help=f"first is the baseline; known: {', '.join([*VARIANTS, REFERENCE])}"
     )
     parser.add_argument("--era", choices=("legacy", "modern"), default="legacy")
+    parser.add_argument("--route", choices=ROUTES, default="builtin", help="what is called (see above)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--callers", type=int, default=8)
     parser.add_argument("--calls", type=int, help="calls per round and variant (default 1600; 400 with --instructions)")

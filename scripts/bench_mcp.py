@@ -117,10 +117,10 @@ def sidecar_process(
 
 
 @contextlib.contextmanager
-def reference_process(workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """The SDK reference server; yields (process, port) once it accepts connections."""
+def reference_process(workdir: Path, *flags: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """The SDK reference server (``flags``: its options); yields (process, port) once it accepts connections."""
     proc = subprocess.Popen(
-        [sys.executable, str(REFERENCE_SCRIPT), "--port", "0"],
+        [sys.executable, str(REFERENCE_SCRIPT), "--port", "0", *flags],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=(workdir / "reference.stderr").open("wb"),
@@ -170,19 +170,28 @@ async def create_sidecar_session(runtime: dict[str, Any], workspace: Path) -> di
 # --------------------------------------------------------------------------------------------------
 
 
-def _check_result(message: dict[str, Any]) -> None:
+def _check_result(message: dict[str, Any], expected: str = EXPECTED_TEXT) -> None:
     result = message.get("result")
     if not isinstance(result, dict) or result.get("isError"):
         raise CallFailed(f"tools/call failed: {json.dumps(message)[:300]}")
     content = result.get("content") or [{}]
-    if content[0].get("text") != EXPECTED_TEXT:
+    if content[0].get("text") != expected:
         raise CallFailed(f"unexpected tools/call result: {json.dumps(message)[:300]}")
 
 
 class RawCaller:
     """One hand-built JSON-RPC client of one era; legacy callers hold their own MCP session."""
 
-    def __init__(self, http: aiohttp.ClientSession, target: Target, era: str) -> None:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        target: Target,
+        era: str,
+        call: tuple[str, dict[str, Any], str] | None = None,
+    ) -> None:
+        """``call``: (tool, arguments, expected text); default the module's ``TOOL``, ``ARGS``, ``EXPECTED_TEXT``
+        as they are when the caller is made (``bench_ab`` points them at a connector tool)."""
+        self._tool, self._args, self._expected = call or (TOOL, ARGS, EXPECTED_TEXT)
         self._http = http
         self._url = target.url
         self._era = era
@@ -198,7 +207,7 @@ class RawCaller:
         if self._era != "legacy":
             self._headers["MCP-Protocol-Version"] = MODERN_VERSION
             self._headers["Mcp-Method"] = "tools/call"
-            self._headers["Mcp-Name"] = TOOL
+            self._headers["Mcp-Name"] = self._tool
             return
         request_id = next(self._ids)
         body = {
@@ -230,7 +239,7 @@ class RawCaller:
 
     async def call(self) -> None:
         request_id = next(self._ids)
-        params: dict[str, Any] = {"name": TOOL, "arguments": ARGS}
+        params: dict[str, Any] = {"name": self._tool, "arguments": self._args}
         if self._era != "legacy":
             params["_meta"] = {
                 "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
@@ -242,7 +251,7 @@ class RawCaller:
             raw = await response.read()
             if response.status != 200:
                 raise CallFailed(f"tools/call answered {response.status}: {raw[:300]!r}")
-            _check_result(answer(response.headers.get("content-type", ""), raw, request_id))
+            _check_result(answer(response.headers.get("content-type", ""), raw, request_id), self._expected)
 
     async def close(self) -> None:
         if self._session_id is None:

@@ -1,5 +1,7 @@
 """Benchmark: the tool pool at 1 000 registered tools — ``tools/list``, ``tool_search`` and the decision.
 
+``--tools N`` generates N tools instead (the README's growth table runs 10, 1 000 and 10 000).
+
 A seeded ``ToolRegistry`` of 1 000 realistic tools (``github_create_issue``-style names, 20-40 word
 descriptions from a fixed vocabulary, 3-6 parameters, mostly LOW/MEDIUM and a few HIGH) is wired
 through the real composition root (``build_app``: built-ins, billable gate, ``ToolService``,
@@ -414,8 +416,12 @@ def build_pool(seed: int, n: int = N_TOOLS) -> ToolRegistry:
     rng = random.Random(seed)
     combos = [(s, v, o) for s in SERVICES for v in VERBS for o in NOUNS]
     registry = ToolRegistry()
-    for service, verb, noun in rng.sample(combos, n):
-        name = f"{service}_{verb}_{noun}"
+    picks = [(combo, "") for combo in rng.sample(combos, min(n, len(combos)))]
+    while len(picks) < n:  # more tools than names: the same names again, versioned (_v2, _v3, ...)
+        suffix = f"_v{len(picks) // len(combos) + 1}"
+        picks += [(combo, suffix) for combo in rng.sample(combos, min(n - len(picks), len(combos)))]
+    for (service, verb, noun), suffix in picks:
+        name = f"{service}_{verb}_{noun}{suffix}"
         target = rng.randint(20, 40)
         lead = f"{verb.capitalize()} a {noun.replace('_', ' ')} in {service.capitalize()}."
         parts = [lead]
@@ -463,7 +469,8 @@ async def wired(seed: int, auto_defer_above: int, home: Path, workspace: Path) -
         ensure_private_dir(directory)
     token = mint_token()
     settings = Settings(tools=ToolSettings(auto_defer_above=auto_defer_above))
-    runner = web.AppRunner(build_app(settings, paths, Runtime(token, token_digest(token)), registry=build_pool(seed)))
+    pool = build_pool(seed, N_TOOLS)
+    runner = web.AppRunner(build_app(settings, paths, Runtime(token, token_digest(token)), registry=pool))
     await runner.setup()  # runs the app's subsystems (cleanup_ctx); no site, so no socket
     app = runner.app
     try:
@@ -820,7 +827,7 @@ async def bench_http(seed: int, plan: Plan, home: Path, workspace: Path, rows: l
     # then every tool listed, the worst case the target speaks of.
     for label, settings in (
         ("shipped defaults, auto-defer", Settings()),
-        ("all 1000 listed", Settings(tools=ToolSettings(auto_defer_above=LISTED_ALL))),
+        (f"all {N_TOOLS} listed", Settings(tools=ToolSettings(auto_defer_above=LISTED_ALL))),
     ):
         paths = Paths.resolve({"SIDECAR_HOME": str(home / label.split()[0])})
         async with running_daemon(paths, workspace, settings, registry=build_pool(seed)) as daemon:
@@ -932,7 +939,9 @@ async def amain(args: argparse.Namespace) -> int:
             bench_list(w, plan, rows, profiles, args.profile)
             log("decisions")
             bench_decide(w, plan, rows)
-        async with wired(args.seed, DEFER_ALL, workdir / "home-search", workspace) as w:
+        # A pool smaller than the default threshold would defer nothing, leaving tool_search nothing to find.
+        defer_above = DEFER_ALL if N_TOOLS > DEFER_ALL else 1
+        async with wired(args.seed, defer_above, workdir / "home-search", workspace) as w:
             log("tool_search in process")
             await bench_search(w, plan, rows, profiles, args.profile)
         if not args.no_http:
@@ -946,15 +955,18 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global N_TOOLS, LISTED_ALL
     parser = argparse.ArgumentParser(
         prog="scripts/bench_pool.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
     parser.add_argument("--runs", type=int, help="timed runs per in-process figure (default 200, quick 60)")
     parser.add_argument("--seed", type=int, default=1000, help="seed of the generated pool")
+    parser.add_argument("--tools", type=int, default=N_TOOLS, help=f"tools generated (default {N_TOOLS})")
     parser.add_argument("--no-http", action="store_true", help="skip the end-to-end HTTP rows")
     parser.add_argument("--profile", action="store_true", help="cProfile every timed path, not only misses")
     args = parser.parse_args(argv)
+    N_TOOLS, LISTED_ALL = args.tools, min(10_000, max(LISTED_ALL, args.tools + 100))  # the setting allows 10 000
     os.environ.pop("SIDECAR_HOME", None)  # every home here is a temporary directory
     try:
         return asyncio.run(amain(args))

@@ -1,7 +1,9 @@
 """The benchmark's reference: the MCP SDK's own Streamable HTTP server, served by uvicorn.
 
-A lowlevel ``mcp.server.Server`` with one ``calculate`` tool (same name and input schema as the
-sidecar built-in; it evaluates a small arithmetic expression), exposed with the SDK's defaults:
+A lowlevel ``mcp.server.Server`` with a ``calculate`` tool (same name and input schema as the
+sidecar built-in; it evaluates a small arithmetic expression) and, with ``--echo``, an ``echo(text)``
+tool (the echo fixture's, served by the SDK itself: what a proxy of that fixture is compared with),
+exposed with the SDK's defaults:
 ``server.streamable_http_app()`` (stateful, SSE answers for the 2025 era, JSON for 2026-07-28, the
 SDK's own DNS-rebinding protection for 127.0.0.1, default OpenTelemetry middleware) under uvicorn.
 Nothing here is tuned: it is "what the SDK gives you".
@@ -42,6 +44,8 @@ INPUT_SCHEMA = {
     "required": ["expression"],
 }
 
+ECHO_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
 
 def _eval(node: ast.AST) -> float | int:
     if isinstance(node, ast.Expression):
@@ -57,24 +61,31 @@ def _eval(node: ast.AST) -> float | int:
     raise ValueError("unsupported expression")
 
 
-def build_server() -> Server[Any]:
+def build_server(*, echo: bool = False) -> Server[Any]:
+    echo_tool = types.Tool(name="echo", description="Return the text unchanged.", input_schema=ECHO_SCHEMA)
+    echo_tools = [echo_tool] if echo else []
+
     async def on_list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         return types.ListToolsResult(
             tools=[
+                *echo_tools,
                 types.Tool(
                     name="calculate",
                     title="Calculator",
                     description="Evaluate an arithmetic expression.",
                     input_schema=INPUT_SCHEMA,
-                )
+                ),
             ]
         )
 
     async def on_call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        if params.name == "echo" and echo:
+            text = str((params.arguments or {}).get("text", ""))
+            return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
         if params.name != "calculate":
             return types.CallToolResult(content=[types.TextContent(type="text", text="unknown tool")], is_error=True)
         try:
@@ -92,11 +103,12 @@ def build_server() -> Server[Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 = any free port)")
+    parser.add_argument("--echo", action="store_true", help="serve the echo fixture's echo(text) tool too")
     args = parser.parse_args(argv)
 
     # uvicorn binds the socket itself, exactly as ``uvicorn.run(app, host=..., port=...)`` would (a socket
     # handed in from outside would need proto=IPPROTO_TCP, or asyncio skips TCP_NODELAY: +40 ms a call).
-    app = build_server().streamable_http_app(host="127.0.0.1")
+    app = build_server(echo=args.echo).streamable_http_app(host="127.0.0.1")
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
 

@@ -79,6 +79,7 @@ from sidecar.connectors.watch import ConfigWatcher
 from sidecar.control import add_control_routes
 from sidecar.edge.endpoint import McpEndpoint
 from sidecar.edge.internal import INTERNAL_ROUTE, InternalApi
+from sidecar.edge.jsonanswer import quiet_call
 from sidecar.edge.mcp import ChangeHub, build_mcp_server
 from sidecar.edge.relay import Relay
 from sidecar.edge.rest import RestFacade, add_rest_routes
@@ -356,7 +357,9 @@ async def _edge(app: web.Application) -> AsyncIterator[None]:
     connectors = app[CONNECTORS]
     server = build_mcp_server(tools=tools, sessions=sessions, hub=hub, catalog=connectors.catalog)
     relay = Relay(connectors=connectors, tools=tools, sessions=sessions)
-    endpoint = app[MCP_ENDPOINT] = McpEndpoint(server, settings=settings, inflight=inflight, hub=hub)
+    endpoint = app[MCP_ENDPOINT] = McpEndpoint(
+        server, settings=settings, inflight=inflight, hub=hub, quiet=quiet_call(tools, sessions)
+    )
     relay_endpoint = app[RELAY_ENDPOINT] = McpEndpoint(relay.server(), settings=settings, inflight=inflight, hub=hub)
     app[REST] = RestFacade(registry=app[REGISTRY], tools=tools, sessions=sessions, limits=settings.limits)
     forwarder = Forwarder()

@@ -34,6 +34,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.manifests import BILLING_FILE, ConnectorSpec
 from sidecar.connectors.pool import CALL_TIMEOUT, ConnectorPool, LaunchContext, LaunchPlan, launch_plan
+from sidecar.connectors.rawcall import call_tool_raw, tool_result
 from sidecar.errors import StorageError, ToolError
 from sidecar.names import MAX_TOOL_NAME, connector_route, connector_tool
 from sidecar.store.files import read_json, write_json
@@ -273,9 +274,9 @@ class ConnectorTools:
                 # wait_for's task of its own is needed: the SDK server cancels a handler again at every
                 # checkpoint (anyio scopes), and only a separate task lets the client's courtesy
                 # notifications/cancelled reach the connector (tests: a client cancel reaches it).
-                result = await asyncio.wait_for(
-                    client.call_tool(tool, arguments, progress_callback=relay), CALL_TIMEOUT
-                )
+                # Raw: the result is forwarded, so the typed client's models and output-schema check
+                # do not pay (connectors/rawcall.py).
+                result = await asyncio.wait_for(call_tool_raw(client, tool, arguments, on_progress=relay), CALL_TIMEOUT)
             except TimeoutError:
                 raise ToolError(f"{tool} took longer than {CALL_TIMEOUT:.0f}s") from None
             except MCPError as exc:
@@ -287,7 +288,7 @@ class ConnectorTools:
                     ) from None
                 raise ToolError(f"{connector_id}: {preview(exc.error.message, 300, quote=False)}") from None
             self._pool.healthy(context.session_id, connector_id)
-            return _output(result)
+            return tool_result(result)
 
         return call
 
@@ -350,16 +351,3 @@ class ConnectorTools:
                 raise ToolError(f"connector {spec.id} did not list its tools: {message}") from None
             finally:
                 await self._pool.stop_session(session_id)
-
-
-def _output(result: Any) -> ToolOutput:
-    if not isinstance(result, types.CallToolResult):
-        raise ToolError("the connector answered with something other than a tool result")
-    blocks = tuple(block.model_dump(by_alias=True, mode="json", exclude_none=True) for block in result.content)
-    text = "\n".join(str(b.get("text", "")) for b in blocks if b.get("type") == "text") or f"[{len(blocks)} blocks]"
-    return ToolOutput(
-        text=text,
-        structured=result.structured_content,
-        content=blocks,
-        is_error=bool(result.is_error),
-    )

@@ -18,7 +18,6 @@ from typing import Any, Final
 from aiohttp import web
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from sidecar.auth.inflight import InflightTracker
@@ -27,6 +26,7 @@ from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import session_key
 from sidecar.config import Settings
 from sidecar.edge.asgi import AsgiExchange, DisconnectWatcher
+from sidecar.edge.jsonanswer import JSON_ANSWER, JsonAnsweringManager, QuietCall, is_modern
 from sidecar.edge.mcp import CALLER, ChangeHub
 from sidecar.errors import UnsupportedMediaType
 from sidecar.net.body import read_jsonrpc
@@ -49,12 +49,16 @@ class McpEndpoint:
         settings: Settings,
         inflight: InflightTracker,
         hub: ChangeHub,
+        quiet: QuietCall | None = None,
     ) -> None:
+        """``quiet`` picks the 2025-era requests answered with one JSON body instead of an SSE stream
+        (``edge/jsonanswer.py``); none without it."""
+        self._quiet = quiet
         self._settings = settings
         self._inflight = inflight
         self._hub = hub
         self._watcher = DisconnectWatcher()
-        self._manager = StreamableHTTPSessionManager(
+        self._manager = JsonAnsweringManager(
             server,
             json_response=settings.mcp.json_response,
             # The guard middleware has already enforced Host/Origin with a 403 (the SDK answers 421,
@@ -96,25 +100,25 @@ class McpEndpoint:
 
     async def handle(self, request: web.Request, principal: Principal) -> web.StreamResponse:
         body = b""
+        message: Any = None
         if request.method == "POST":
             # The SDK would answer a wrong type with a plain-text 400; answer in our JSON shape instead.
             if request.content_type != "application/json":
                 raise UnsupportedMediaType("POST /mcp needs Content-Type: application/json")
-            body, _ = await read_jsonrpc(request, self._settings.limits)
+            body, message = await read_jsonrpc(request, self._settings.limits)
         transport_id = request.headers.get("mcp-session-id")
         if request.method == "DELETE" and transport_id:
             self._hub.forget_transport(principal.session_id, transport_id)
-        exchange = AsgiExchange(
-            request,
-            body,
-            {
-                SCOPE_KEY: principal,
-                # SDK session ownership: a transport session opened by one (route token, session) pair
-                # answers 404 to any other (contract §4).
-                "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),  # noqa: S106
-            },
-            watcher=self._watcher,
-        )
+        scope: dict[str, Any] = {
+            SCOPE_KEY: principal,
+            # SDK session ownership: a transport session opened by one (route token, session) pair
+            # answers 404 to any other (contract §4).
+            "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),  # noqa: S106
+        }
+        stateful_or_modern = bool(transport_id) or is_modern(request.headers.get("mcp-protocol-version"))
+        if stateful_or_modern and self._quiet is not None and self._quiet(principal, message):
+            scope[JSON_ANSWER] = message  # nothing will be streamed: one JSON body (edge/jsonanswer.py)
+        exchange = AsgiExchange(request, body, scope, watcher=self._watcher)
         keys = (route_key(principal.route), session_key(principal.session_id))
         token = CALLER.set(principal)
         try:

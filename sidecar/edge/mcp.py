@@ -253,9 +253,9 @@ def build_mcp_server(
         # A connector's own route (/mcp/connectors/<id>): that connector's tools only, none deferred.
         return types.ListToolsResult(tools=[as_mcp(t) for t in tools.visible(session) if t.source == route])
 
-    async def on_call_tool(
-        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    async def on_call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> Any:
+        """The result as a dict, not a model: the SDK validates and shapes it for the client's era once,
+        on its way out (a model here would be built, dumped and validated again)."""
         principal = principal_of(ctx)
         session = sessions.alive(principal.session_id)
         if session is None:
@@ -273,20 +273,12 @@ def build_mcp_server(
             ask=elicitation_asker(ctx),
             progress=ctx.session.report_progress,  # a no-op unless the request carried a progress token
         )
-        if outcome.content is not None:
-            # A connector's blocks (images, resources, …) pass through as they came.
-            return types.CallToolResult.model_validate(
-                {
-                    "content": list(outcome.content),
-                    "structuredContent": dict(outcome.structured) if outcome.structured is not None else None,
-                    "isError": outcome.is_error,
-                }
-            )
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=outcome.text)],
-            structured_content=dict(outcome.structured) if outcome.structured is not None else None,
-            is_error=outcome.is_error,
-        )
+        # A connector's blocks (images, resources, …) pass through as they came.
+        content = list(outcome.content) if outcome.content is not None else [{"type": "text", "text": outcome.text}]
+        result: dict[str, Any] = {"resultType": "complete", "content": content, "isError": outcome.is_error}
+        if outcome.structured is not None:
+            result["structuredContent"] = dict(outcome.structured)
+        return result
 
     async def instruct(
         ctx: ServerRequestContext[Any, Any], call_next: Callable[[ServerRequestContext[Any, Any]], Awaitable[Any]]
@@ -451,5 +443,6 @@ def elicitation_asker(ctx: ServerRequestContext[Any, Any]) -> Asker | None:
     return ask
 
 
-def _error_result(message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
+def _error_result(message: str) -> dict[str, Any]:
+    # ``resultType`` is required at 2026-07-28; the SDK's shaping drops it for a 2025-era client.
+    return {"resultType": "complete", "content": [{"type": "text", "text": message}], "isError": True}

@@ -1,0 +1,67 @@
+"""A proxied ``tools/call`` as raw JSON-RPC through a connector's ``ClientSession``.
+
+The SDK's typed ``ClientSession.call_tool`` builds pydantic models of the request and of the result,
+validates the result against the per-era result schema, and checks structured content against the
+tool's output schema (listing the tools first if it has not). A proxied call only forwards the
+result, so none of that pays: the request goes out as a dict through the session's own dispatcher
+(ids, progress tokens, cancellation and the era's stamp as ``call_tool`` does), and the result is
+checked once, cheaply, for the shape the bus relies on (``tool_result``). Its blocks reach the client
+as the connector sent them; the edge's own serialization still checks them against the era's schema.
+
+The session's stamp and dispatcher have no public accessor in the SDK (``mcp`` 2.3);
+``tests/unit/test_rawcall_sdk_seam.py`` pins this seam.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mcp import ClientSession
+from mcp.shared.dispatcher import CallOptions, ProgressFnT
+
+from sidecar.bus.registry import ToolOutput
+from sidecar.errors import ToolError
+
+__all__ = ["call_tool_raw", "tool_result"]
+
+NOT_A_RESULT = "the connector answered with something other than a tool result"
+
+
+async def call_tool_raw(
+    client: ClientSession, name: str, arguments: Mapping[str, Any], *, on_progress: ProgressFnT | None = None
+) -> dict[str, Any]:
+    """Send ``tools/call`` and return the connector's result as it came (a dict); ``MCPError`` as ``call_tool``."""
+    data: dict[str, Any] = {"method": "tools/call", "params": {"name": name, "arguments": dict(arguments)}}
+    opts: CallOptions = {}
+    client._stamp(data, opts)  # the era's headers and _meta, exactly as call_tool stamps them
+    if on_progress is not None:
+        opts["on_progress"] = on_progress
+    return await client._dispatcher.send_raw_request("tools/call", data["params"], opts)
+
+
+def tool_result(raw: Mapping[str, Any]) -> ToolOutput:
+    """The bus's view of a connector's raw result: its blocks as they came, their text, its structured content.
+
+    Checked for what the bus relies on only: ``content`` a list of objects with a string ``type``,
+    ``structuredContent`` an object or absent; anything else is a ``ToolError`` (an ``input_required``
+    answer included: the bus asks through its own approvals, never through a connector's rounds).
+    """
+    content = raw.get("content")
+    if not isinstance(content, list):
+        raise ToolError(NOT_A_RESULT)
+    texts: list[str] = []
+    for block in content:
+        if not isinstance(block, dict) or not isinstance(kind := block.get("type"), str):
+            raise ToolError(NOT_A_RESULT)
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+    structured = raw.get("structuredContent")
+    if structured is not None and not isinstance(structured, dict):
+        raise ToolError(NOT_A_RESULT)
+    return ToolOutput(
+        text="\n".join(texts) or f"[{len(content)} blocks]",
+        structured=structured,
+        content=tuple(content),
+        is_error=bool(raw.get("isError")),
+    )

@@ -1,0 +1,173 @@
+"""One JSON body instead of an SSE stream, for a request that will stream nothing.
+
+The SDK's Streamable HTTP transport answers every 2025-era POST of a stateful session with an SSE
+stream, so that progress, log lines and server→client requests (elicitation) can reach the client
+before the result. When nothing of that can happen the stream is pure cost: ``sse_starlette`` runs five
+tasks per response. The spec lets the server choose either form for each POST (the client must accept
+both), so a request the endpoint marks (``JSON_ANSWER`` in the ASGI scope, holding the message it
+already parsed and checked) gets a single ``application/json`` answer here; every other request goes
+on exactly as the SDK has it.
+
+The endpoint marks only a ``tools/call`` on ``/mcp`` that carries no progress token and that the one
+decision lets run without asking (``quiet_call``): the bus then sends nothing on the request's stream.
+A marked 2026-07-28 request goes to the SDK's own single-exchange handler in its JSON mode (unmarked
+ones get its default: JSON once the handler has finished without emitting, found out with two tasks,
+a stream and a timer per request). Should the decision change to *ask* while the call is in flight,
+the request's channel cannot send requests (``can_send_request`` is false, as in the SDK's own JSON
+mode) and the call falls back to a pending approval, as for any client that cannot be asked; anything
+else addressed to the request before its response is dropped here, as the SDK's JSON mode drops it.
+
+Everything before the dispatch is the SDK's: the DNS-rebinding middleware, the terminated-session
+404, the Accept and session/protocol-version header checks. The transport's streams and helpers have no
+public accessor (``mcp`` 2.3); ``tests/e2e/test_json_answers.py`` pins what is used here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from functools import partial
+from http import HTTPStatus
+from typing import Any, Final
+
+import anyio
+from mcp.server._streamable_http_modern import handle_modern_request
+from mcp.server.streamable_http import (
+    REQUEST_STREAM_BUFFER_SIZE,
+    EventMessage,
+    StreamableHTTPServerTransport,
+    check_accept_headers,
+)
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+from mcp_types import INTERNAL_ERROR, JSONRPCError, JSONRPCRequest, JSONRPCResponse, jsonrpc_message_adapter
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from sidecar.auth.principal import Principal
+from sidecar.auth.sessions import SessionStore
+from sidecar.bus.policy import Verdict
+from sidecar.bus.tools import ToolService
+from sidecar.names import PROXY_ROUTE
+
+__all__ = ["JSON_ANSWER", "JsonAnsweringManager", "JsonAnsweringTransport", "QuietCall", "is_modern", "quiet_call"]
+
+QuietCall = Callable[[Principal, Any], bool]
+"""Whether a parsed request of a caller is answered in JSON (``quiet_call``)."""
+
+logger = logging.getLogger(__name__)
+
+JSON_ANSWER: Final = "sidecar.json_answer"
+"""ASGI scope key: the request's parsed JSON-RPC message, when it is to be answered with one JSON body."""
+
+
+class JsonAnsweringTransport(StreamableHTTPServerTransport):
+    """The SDK's transport, answering a marked POST with one JSON body instead of an SSE stream."""
+
+    async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
+        marked = scope.get(JSON_ANSWER)
+        writer = self._read_stream_writer
+        if marked is None or writer is None or self.is_json_response_enabled:
+            await super()._handle_post_request(scope, request, receive, send)
+            return
+        try:
+            message = jsonrpc_message_adapter.validate_python(marked, by_name=False)
+        except ValidationError:
+            message = None
+        if not isinstance(message, JSONRPCRequest):
+            await super()._handle_post_request(scope, request, receive, send)  # the SDK answers it as it would
+            return
+        if not await self._validate_accept_header(request, scope, send):
+            return
+        if not await self._validate_request_headers(request, send):
+            return
+        request_id = str(message.id)
+        streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+        self._request_streams[request_id] = streams
+        metadata = ServerMessageMetadata(
+            request_context=request,
+            on_request_unanswered=partial(self._terminate_unanswered_request, message.id),
+            can_send_request=False,
+        )
+        try:
+            await writer.send(SessionMessage(message, metadata=metadata))
+            response = self._create_json_response(await _response_of(streams[1]))
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            logger.debug("session terminated with request %s in flight; no response to send", request_id)
+            response = self._create_error_response(
+                "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
+            )
+        finally:
+            await self._clean_up_memory_streams(request_id)
+        await response(scope, receive, send)
+
+
+def quiet_call(tools: ToolService, sessions: SessionStore) -> QuietCall:
+    """The requests on ``/mcp`` that will stream nothing: a ``tools/call`` without a progress token, of a
+    tool the caller's live session may run without being asked. ``tool_call`` is never one (the call it
+    makes may ask)."""
+
+    def quiet(principal: Principal, message: Any) -> bool:
+        if principal.route != PROXY_ROUTE or not isinstance(message, Mapping) or "id" not in message:
+            return False
+        params = message.get("params")
+        if message.get("method") != "tools/call" or not isinstance(params, Mapping):
+            return False
+        name, meta = params.get("name"), params.get("_meta")
+        if not isinstance(name, str) or name == "tool_call":
+            return False
+        if isinstance(meta, Mapping) and meta.get("progressToken") is not None:
+            return False
+        session = sessions.alive(principal.session_id)
+        if session is None:
+            return False
+        tool, decision = tools.decide_call(session, name)
+        return tool is not None and decision.verdict is Verdict.ALLOW
+
+    return quiet
+
+
+async def _response_of(stream: Any) -> Any:
+    """The request's own response; anything else addressed to it has no wire in a JSON answer."""
+    while True:
+        event: EventMessage = await stream.receive()
+        if isinstance(event.message, JSONRPCResponse | JSONRPCError):
+            return event.message
+        logger.debug("dropped a message related to a request answered in JSON")
+
+
+class JsonAnsweringManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, opening its 2025-era sessions on ``JsonAnsweringTransport``, and handing
+    a marked 2026-07-28 request to the SDK's own single-exchange handler in its JSON mode."""
+
+    async def _handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get(JSON_ANSWER) is not None and _modern_accepting_both(scope):
+            # The SDK's modern handler, whole (its checks of the era's headers and envelope included), told
+            # to answer in JSON: without the two tasks, stream and timer it runs to learn that nothing
+            # was emitted before the result. Its JSON mode would accept a client that takes JSON only;
+            # such a client is not marked, so it meets the same 406 as before.
+            await handle_modern_request(
+                self.app, self.security_settings, True, self._lifespan_state, scope, receive, send
+            )
+            return
+        await super()._handle_request(scope, receive, send)
+
+    def _admit_session(self, requestor: Any) -> StreamableHTTPServerTransport | None:
+        transport = super()._admit_session(requestor)
+        if transport is not None:
+            transport.__class__ = JsonAnsweringTransport  # same state, one method more: no copy of the SDK's body
+        return transport
+
+
+def is_modern(protocol_version: str | None) -> bool:
+    """Whether the SDK's manager routes a request with this ``MCP-Protocol-Version`` to its 2026-07-28 handler."""
+    return protocol_version is not None and protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+def _modern_accepting_both(scope: Scope) -> bool:
+    request = Request(scope)
+    has_json, has_sse = check_accept_headers(request)
+    return has_json and has_sse and is_modern(request.headers.get(MCP_PROTOCOL_VERSION_HEADER))

@@ -1,0 +1,87 @@
+"""A proxied tools/call as raw JSON-RPC: the SDK seam it reaches into, and the one shape check of its result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from mcp import ClientSession
+
+from sidecar.connectors.rawcall import NOT_A_RESULT, call_tool_raw, tool_result
+from sidecar.errors import ToolError
+
+
+class _Dispatcher:
+    """Records what the session sends; answers with a canned raw result."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.sent: list[tuple[str, Any, Any]] = []
+
+    async def send_raw_request(self, method: str, params: Any, opts: Any = None) -> dict[str, Any]:
+        self.sent.append((method, params, opts))
+        return self.answer
+
+    async def notify(self, method: str, params: Any, opts: Any = None) -> None:
+        return None
+
+
+async def test_the_call_goes_out_raw_through_the_sessions_own_dispatcher() -> None:
+    # Pins the SDK seam (mcp 2.3): ClientSession._stamp and ._dispatcher. If the SDK moves them, this fails first.
+    answer = {"content": [{"type": "text", "text": "hi", "extra": 1}], "isError": False}
+    dispatcher = _Dispatcher(answer)
+    client = ClientSession(dispatcher=dispatcher)  # type: ignore[arg-type]
+    stamped: list[dict[str, Any]] = []
+    original = client._stamp
+
+    def stamp(data: dict[str, Any], opts: Any) -> None:
+        stamped.append(data)
+        original(data, opts)
+        opts.setdefault("headers", {})["X-Era"] = "stamped"
+
+    client._stamp = stamp
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        return None
+
+    got = await call_tool_raw(client, "echo", {"text": "hi"}, on_progress=progress)
+    assert got is answer  # not re-typed: the connector's own dict, unknown fields and all
+    [(method, params, opts)] = dispatcher.sent
+    assert method == "tools/call"
+    assert params == {"name": "echo", "arguments": {"text": "hi"}}
+    assert opts["on_progress"] is progress
+    assert opts["headers"] == {"X-Era": "stamped"}
+    assert stamped and stamped[0]["method"] == "tools/call"
+
+
+def test_a_result_keeps_its_blocks_and_joins_their_text() -> None:
+    image = {"type": "image", "data": "AAAA", "mimeType": "image/png"}
+    raw = {
+        "content": [{"type": "text", "text": "a"}, image, {"type": "text", "text": "b"}],
+        "structuredContent": {"n": 1},
+        "isError": True,
+    }
+    output = tool_result(raw)
+    assert output.text == "a\nb"
+    assert output.content == ({"type": "text", "text": "a"}, image, {"type": "text", "text": "b"})
+    assert output.structured == {"n": 1}
+    assert output.is_error is True
+    assert tool_result({"content": [image]}).text == "[1 blocks]"
+    assert tool_result({"content": []}).is_error is False
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {},
+        {"resultType": "input_required", "inputRequests": {}},
+        {"content": "text"},
+        {"content": ["text"]},
+        {"content": [{"text": "no type"}]},
+        {"content": [{"type": 3}]},
+        {"content": [], "structuredContent": [1, 2]},
+    ],
+)
+def test_anything_but_a_tool_result_is_a_tool_error(raw: dict[str, Any]) -> None:
+    with pytest.raises(ToolError, match=NOT_A_RESULT):
+        tool_result(raw)
