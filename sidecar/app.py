@@ -71,8 +71,9 @@ from sidecar.bus.builtins import install_builtins
 from sidecar.bus.registry import ToolRegistry
 from sidecar.bus.tools import DeferPolicy, ToolService
 from sidecar.config import Settings
+from sidecar.connectors.launch import LaunchContext
 from sidecar.connectors.manager import Connector, ConnectorManager
-from sidecar.connectors.pool import LaunchContext, PoolLimits
+from sidecar.connectors.pool import PoolLimits
 from sidecar.connectors.proxy import Deferral
 from sidecar.connectors.service import ConnectorService
 from sidecar.connectors.watch import ConfigWatcher

@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sidecar import __version__
 from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, OAUTH, ROUTES, RUNTIME, SESSIONS, SETTINGS, TRUST
 from sidecar.auth.owners import Owner
+from sidecar.connectors.launch import LaunchContext, launch_plan
 from sidecar.connectors.manager import Connector
-from sidecar.connectors.pool import LaunchContext, launch_plan
 from sidecar.connectors.spec import OAuthClient
 from sidecar.errors import AuthorizationRefused, NotFound, RequestRejected, StorageError
 from sidecar.http import json_response

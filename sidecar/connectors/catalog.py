@@ -21,8 +21,9 @@ from mcp.shared.exceptions import MCPError
 
 from sidecar.auth.sessions import Session
 from sidecar.bus.policy import grants_connector
+from sidecar.connectors.launch import CALL_TIMEOUT, LaunchContext, launch_plan
 from sidecar.connectors.manager import Connector, ConnectorManager
-from sidecar.connectors.pool import CALL_TIMEOUT, ConnectorPool, LaunchContext, launch_plan
+from sidecar.connectors.pool import ConnectorPool
 from sidecar.errors import NotFound, ToolError
 from sidecar.names import connector_tool, split_connector_tool
 from sidecar.text import preview

@@ -23,9 +23,10 @@ from sidecar.bus.policy import Phase, Verdict, decide, reaches_connector
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.failures import FailureLog
+from sidecar.connectors.launch import HttpAuthSource, LaunchContext
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
 from sidecar.connectors.manifests import ConnectorSpec
-from sidecar.connectors.pool import ConnectorPool, HttpAuthSource, LaunchContext, PoolLimits
+from sidecar.connectors.pool import ConnectorPool, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_source
 from sidecar.connectors.upstream import Upstreams
 from sidecar.errors import SidecarError, ToolError

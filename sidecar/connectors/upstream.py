@@ -33,8 +33,7 @@ from mcp.shared.transport_context import TransportContext
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestId
 
 from sidecar.connectors.failures import FailureLog
-from sidecar.connectors.manifests import ConnectorSpec
-from sidecar.connectors.pool import (
+from sidecar.connectors.launch import (
     CALL_TIMEOUT,
     HttpAuthSource,
     LaunchContext,
@@ -42,6 +41,7 @@ from sidecar.connectors.pool import (
     http_transport,
     launch_plan,
 )
+from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError
 from sidecar.text import preview
