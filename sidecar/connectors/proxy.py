@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from mcp import types
 from mcp.shared.exceptions import MCPError
@@ -36,6 +36,7 @@ from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.manifests import BILLING_FILE, ConnectorSpec
 from sidecar.connectors.pool import ConnectorPool
 from sidecar.connectors.rawcall import call_tool_raw, tool_result
+from sidecar.connectors.shared import SessionView
 from sidecar.errors import StorageError, ToolError
 from sidecar.names import MAX_TOOL_NAME, connector_route, connector_tool
 from sidecar.store.files import read_json, write_json
@@ -70,6 +71,16 @@ class Deferral:
         if spec.id in self.direct:
             return False
         return spec.deferred(tool, default=self.default)
+
+
+async def _raw_call(client: Any, tool: str, arguments: Mapping[str, Any], relay: Any) -> dict[str, Any]:
+    """``tools/call`` raw on the connector's own client session; a shared process's session view tracks it
+    as its session's (aborted when that session ends), since the raw call reaches past the view."""
+    if isinstance(client, SessionView):
+        return cast(
+            dict[str, Any], await client.track(call_tool_raw(client.client, tool, arguments, on_progress=relay))
+        )
+    return await call_tool_raw(client, tool, arguments, on_progress=relay)
 
 
 def billing_source(spec: ConnectorSpec) -> ManifestSource | None:
@@ -277,7 +288,7 @@ class ConnectorTools:
                 # notifications/cancelled reach the connector (tests: a client cancel reaches it).
                 # Raw: the result is forwarded, so the typed client's models and output-schema check
                 # do not pay (connectors/rawcall.py).
-                result = await asyncio.wait_for(call_tool_raw(client, tool, arguments, on_progress=relay), CALL_TIMEOUT)
+                result = await asyncio.wait_for(_raw_call(client, tool, arguments, relay), CALL_TIMEOUT)
             except TimeoutError:
                 raise ToolError(f"{tool} took longer than {CALL_TIMEOUT:.0f}s") from None
             except MCPError as exc:

@@ -59,6 +59,11 @@ class SessionView:
         """This session's requests in flight now."""
         return len(self._calls)
 
+    async def track(self, request: Awaitable[Any]) -> Any:
+        """Await a request made on ``client`` directly (not through this view's methods) as this
+        session's: counted, and aborted with the session."""
+        return await self._run(request)
+
     async def _run(self, request: Awaitable[Any]) -> Any:
         if self._aborted:
             if asyncio.iscoroutine(request):
