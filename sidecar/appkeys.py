@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from sidecar.auth.console import ConsoleSignIn
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
@@ -35,6 +36,7 @@ __all__ = [
     "AUDIT",
     "BILLING",
     "CONNECTORS",
+    "CONSOLE",
     "HUB",
     "INFLIGHT",
     "MCP_ENDPOINT",
@@ -86,3 +88,4 @@ OAUTH = web.AppKey("oauth", Broker)
 MCP_ENDPOINT = web.AppKey("mcp_endpoint", McpEndpoint)
 RELAY_ENDPOINT = web.AppKey("relay_endpoint", McpEndpoint)
 REST = web.AppKey("rest", RestFacade)
+CONSOLE = web.AppKey("console", ConsoleSignIn)

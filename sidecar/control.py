@@ -29,7 +29,7 @@ from sidecar.store.files import read_private
 from sidecar.text import preview
 from sidecar.validation import render_errors
 
-__all__ = ["add_control_routes"]
+__all__ = ["add_control_routes", "connector_body", "start_sign_in", "status_body"]
 
 
 _MAX_SECRET_BYTES: Final = 4096
@@ -84,26 +84,28 @@ def _url(request: web.Request) -> str:
 
 
 async def status(request: web.Request) -> web.Response:
-    app = request.app
+    return json_response(status_body(request.app))
+
+
+def status_body(app: web.Application) -> dict[str, Any]:
+    """What ``GET /control/status`` answers (and the web console's header shows)."""
     runtime = app[RUNTIME]
     sessions = app[SESSIONS].list()
-    return json_response(
-        {
-            "version": __version__,
-            "pid": runtime.pid,
-            "url": _url(request),
-            "started_at": runtime.started_at,
-            "uptime_seconds": round(time.time() - runtime.started_at, 1),
-            "sessions": len(sessions),
-            "routes": [r.name for r in app[ROUTES].list()],
-            "connectors": [_connector(app, c) for c in app[CONNECTORS].manager.list()],
-            "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
-            "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
-            "pending_approvals": len(app[APPROVALS].list()),
-            "billing_problems": app[BILLING].problems(),
-            "trust_store_problem": app[TRUST].recheck(),
-        }
-    )
+    return {
+        "version": __version__,
+        "pid": runtime.pid,
+        "url": f"http://127.0.0.1:{runtime.port}/mcp",
+        "started_at": runtime.started_at,
+        "uptime_seconds": round(time.time() - runtime.started_at, 1),
+        "sessions": len(sessions),
+        "routes": [r.name for r in app[ROUTES].list()],
+        "connectors": [connector_body(app, c) for c in app[CONNECTORS].manager.list()],
+        "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
+        "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
+        "pending_approvals": len(app[APPROVALS].list()),
+        "billing_problems": app[BILLING].problems(),
+        "trust_store_problem": app[TRUST].recheck(),
+    }
 
 
 async def stop(request: web.Request) -> web.Response:
@@ -208,7 +210,7 @@ async def list_connectors(request: web.Request) -> web.Response:
     service.manager.refresh()
     return json_response(
         {
-            "connectors": [_connector(request.app, c) for c in service.manager.list()],
+            "connectors": [connector_body(request.app, c) for c in service.manager.list()],
             "problems": [str(p) for p in service.manager.problems],
         }
     )
@@ -217,7 +219,8 @@ async def list_connectors(request: web.Request) -> web.Response:
 async def show_connector(request: web.Request) -> web.Response:
     service = request.app[CONNECTORS]
     service.manager.refresh()
-    return json_response(_connector(request.app, service.manager.get(request.match_info["connector_id"]), detail=True))
+    connector = service.manager.get(request.match_info["connector_id"])
+    return json_response(connector_body(request.app, connector, detail=True))
 
 
 async def trust_connector(request: web.Request) -> web.Response:
@@ -238,14 +241,20 @@ async def install_connector(request: web.Request) -> web.Response:
     return json_response(connector.public(detail=True), status=201)
 
 
-def _connector(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
+def connector_body(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
     """A connector as the control API shows it, with its sign-in state (``auth``, ``auth_reason``)."""
     return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id)}
 
 
 async def connect_connector(request: web.Request) -> web.Response:
     """Start (or join) a remote connector's OAuth sign-in: ``{"authorization_url", "flow", "auth"}``."""
-    app, connector_id = request.app, request.match_info["connector_id"]
+    flow = await start_sign_in(request.app, request.match_info["connector_id"])
+    return json_response(flow, headers={"Cache-Control": "no-store"})
+
+
+async def start_sign_in(app: web.Application, connector_id: str) -> dict[str, Any]:
+    """Start (or join) the sign-in of a trusted remote connector (the CLI's ``connect``, the console's
+    **Connect**): ``{"authorization_url", "flow", "auth", "auth_reason"}``."""
     app[CONNECTORS].manager.refresh()  # the config as it is now on disk, not as the watcher last saw it
     connector = app[CONNECTORS].manager.get(connector_id)
     if connector.spec.launch.transport != "http":
@@ -258,8 +267,7 @@ async def connect_connector(request: web.Request) -> web.Response:
     if plan.url is None:
         raise RequestRejected(f"connector {connector_id} has no URL")
     client = await _pre_registered(connector_id, connector.spec.launch.oauth)
-    flow = await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers, client=client)
-    return json_response(flow, headers={"Cache-Control": "no-store"})
+    return await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers, client=client)
 
 
 async def _pre_registered(connector_id: str, client: OAuthClient | None) -> PreRegistered | None:
