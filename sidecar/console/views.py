@@ -87,6 +87,8 @@ async def connector_view(app: web.Application, connector_id: str) -> dict[str, A
     body["package_digest"] = await _package_digest(connector)
     earlier = app[TRUST].records_named(connector_id)
     body["trusted_keys"] = [{"key": r.key, "trusted_at": r.trusted_at} for r in earlier]
+    changes = await asyncio.to_thread(service.changes_since_trust, connector) if earlier else None
+    body["changes"] = changes if changes and connector.key not in {r.key for r in earlier} else None
     return body
 
 

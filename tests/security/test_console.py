@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.conftest import Daemon, mcp_client
+from tests.conftest import Daemon, mcp_client, raw_request
 from tests.helpers import HTTP_TIMEOUT, tool_text
 
 CSP = (
@@ -248,3 +248,14 @@ async def test_a_waiting_call_names_the_console_and_the_command(daemon: Daemon) 
     message, approval_id = text.rsplit("\n", 1)
     assert f"sidecar approvals allow {approval_id}" in message
     assert f"http://127.0.0.1:{daemon.port}/ui/" in message and "sidecar ui" in message
+
+
+@pytest.mark.parametrize("target", ["/ui/../control/status", "/ui/%2e%2e/control/status", "/ui/..%2fcontrol/status"])
+async def test_a_dotted_path_does_not_carry_the_console_origin_elsewhere(daemon: Daemon, target: str) -> None:
+    request = (
+        f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{daemon.port}\r\nOrigin: http://127.0.0.1:{daemon.port}\r\n"
+        f"Authorization: Bearer {daemon.control_token}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    status, _, body = await raw_request(daemon.port, request)
+    assert status in (403, 404), body  # refused by the guard, or no such console path: never the status
+    assert b'"version"' not in body
