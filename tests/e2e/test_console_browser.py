@@ -4,8 +4,8 @@ Each test runs a real daemon on 127.0.0.1:0 and a headless Chromium with a fresh
 a one-time link as ``sidecar ui`` would open it, and clicks what a person clicks; the effects are seen
 where they matter: an MCP SDK client's calls, the control API, the audit log. The attacker's page is
 served from another loopback port in the same browser, signed in to the console. Every console page is
-watched for console errors and failed scripts (none allowed), and the tests save a screenshot of each
-view into ``docs/screenshots/`` for the README.
+watched for console errors and failed scripts (none allowed), and the tests take a screenshot of each
+view: ``SIDECAR_SCREENSHOTS=1`` saves them into ``docs/screenshots/`` for the README.
 
 Chromium must be Debian's ``/usr/bin/chromium`` (``scripts/test`` installs it when it can; never
 ``playwright install``). Without it these tests are skipped, except in CI, where they fail.
@@ -43,6 +43,8 @@ CHROMIUM_FLAGS: Final = [
     "--disable-sync",
 ]
 SCREENSHOTS: Final = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+"""Where the README's screenshots live; the tests write them there with ``SIDECAR_SCREENSHOTS=1`` (every
+run takes them, but each differs in ports, paths and times: a plain run keeps the checkout clean)."""
 STEP: Final = 15_000
 """Milliseconds one browser step may take (a click, a row to appear); a bound, never a measurement."""
 
@@ -95,8 +97,11 @@ async def show(watched: Watched, view: str) -> None:
 
 
 async def screenshot(watched: Watched, name: str) -> None:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    await watched.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"))
+    image = await watched.page.screenshot()
+    assert image.startswith(b"\x89PNG")
+    if os.environ.get("SIDECAR_SCREENSHOTS") == "1":
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        (SCREENSHOTS / f"{name}.png").write_bytes(image)
 
 
 async def test_the_one_time_link_signs_in_once(browser: Any, daemon: Daemon) -> None:
@@ -297,9 +302,11 @@ async def test_a_page_on_another_loopback_port_can_neither_act_nor_frame_the_con
             assert len(framed) == 2
             for frame in framed:
                 assert await frame.locator("#version").count() == 0  # the console never renders framed
-        # Every fetch fails for the page (no CORS; Cross-Origin-Resource-Policy stops even no-cors ones); what
-        # reached the daemon was refused there (tests/security/test_console.py covers each rule alone).
-        assert len(results) == 4 and all(r.endswith(":blocked") for r in results), results
+        # The page learns nothing: every fetch fails for it (no CORS; Cross-Origin-Resource-Policy stops
+        # even no-cors ones, which would otherwise give an opaque status 0); what reached the daemon was
+        # refused there (tests/security/test_console.py covers each rule alone).
+        assert len(results) == 4 and all(r.endswith((":blocked", ":0")) for r in results), results
+        assert results[1].endswith(":blocked") and results[3].endswith(":blocked"), results  # CORS: no answer
         await page.close()
     (still,) = (await daemon.control("GET", "/control/approvals"))["approvals"]
     assert still["state"] == "pending"
