@@ -33,6 +33,7 @@ from sidecar.errors import Forbidden, NotFound, RequestRejected, Unauthorized, U
 from sidecar.http import json_response
 from sidecar.net.body import read_json
 from sidecar.net.guard import own_origins
+from sidecar.oauth.flow import check_authorization_url
 from sidecar.origins import parse_origin
 from sidecar.validation import render_errors
 
@@ -238,7 +239,11 @@ async def api_connector_action(request: web.Request) -> web.Response:
         connector = await service.untrust(connector_id)
         return json_response(connector_body(app, connector, detail=True))
     if action == "connect":
-        return json_response(await start_sign_in(app, connector_id), headers={"Cache-Control": "no-store"})
+        flow = await start_sign_in(app, connector_id)
+        if flow.get("authorization_url") is not None:
+            # SECURITY: the page opens it: only https (or loopback http), never javascript: or data:.
+            check_authorization_url(str(flow["authorization_url"]))
+        return json_response(flow, headers={"Cache-Control": "no-store"})
     if action == "revoke":
         service.manager.get(connector_id)  # 404 for an unknown id
         return json_response(await app[OAUTH].revoke(connector_id))

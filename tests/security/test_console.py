@@ -259,3 +259,16 @@ async def test_a_dotted_path_does_not_carry_the_console_origin_elsewhere(daemon:
     status, _, body = await raw_request(daemon.port, request)
     assert status in (403, 404), body  # refused by the guard, or no such console path: never the status
     assert b'"version"' not in body
+
+
+async def test_the_console_answers_as_the_control_api_does(daemon: Daemon) -> None:
+    browser = await sign_in(daemon)
+    status, console = await _call(daemon, "POST", "/ui/api/connectors/workspace/connect", browser.headers(), {})
+    control = await daemon.control("POST", "/control/connectors/workspace/connect", expect=400)
+    assert (status, console) == (400, control)  # the same refusal: a stdio connector has no sign-in
+    status, console = await _call(daemon, "POST", "/ui/api/connectors/workspace/untrust", browser.headers(), {})
+    assert (status, console["state"]) == (200, "configured")
+    status, missing = await _call(daemon, "POST", "/ui/api/connectors/nothing/trust", browser.headers(), {})
+    assert status == 404, missing
+    status, _ = await _call(daemon, "POST", "/ui/api/connectors/workspace/explode", browser.headers(), {})
+    assert status == 404
