@@ -4,12 +4,14 @@ Each subsystem is one ``cleanup_ctx``: it builds its objects from what the earli
 (typed ``AppKey``s from ``appkeys.py``), passing every dependency in, and tears them down after the
 later ones. Start-up runs them in order, teardown in reverse:
 
-1. store — the audit log and the trust store (closed last, so teardown is audited);
-2. auth — in-flight tracking, route tokens, sessions;
+1. store — the audit log, the trust store (closed last, so teardown is audited) and the credential store
+   (its key in the OS keyring, else a key file);
+2. auth — in-flight tracking, route tokens, sessions, and the journal that keeps sessions and the tokens
+   handed to them across a restart (``auth.persist``); sessions that end with a process are watched;
 3. bus — the tool registry with the built-ins, approvals, the billable gate, the tool service, and the
    hub that tells clients their tools changed;
-4. oauth — the credential store (its key in the OS keyring, else a key file) and the OAuth broker:
-   one grant per remote connector, shared by every session; sign-in out of band;
+4. oauth — the OAuth broker: one grant per remote connector, shared by every session, kept in the
+   credential store; sign-in out of band;
 5. connectors — manifests and trust, processes and relayed connections, their tools in the pool;
 6. edge — the MCP SDK servers behind ``/mcp`` and ``/mcp/connectors/<id>``, and the routes' tokens
    (revoked first on the way down, aborting in-flight requests and streams).
@@ -20,6 +22,7 @@ authentication → handlers. Handlers find their objects in the app at request t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +38,7 @@ from sidecar.appkeys import (
     BILLING,
     CONNECTORS,
     CONSOLE,
+    CREDENTIALS,
     HUB,
     INFLIGHT,
     MCP_ENDPOINT,
@@ -47,6 +51,7 @@ from sidecar.appkeys import (
     RUNTIME,
     SESSIONS,
     SETTINGS,
+    STATE,
     TOOLS,
     TRUST,
     Runtime,
@@ -55,6 +60,8 @@ from sidecar.auth.console import ConsoleSignIn
 from sidecar.auth.encoding import mint_token
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
+from sidecar.auth.owners import watching_owners
+from sidecar.auth.persist import StateJournal
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.approvals import Approval, ApprovalStore
@@ -108,6 +115,9 @@ SHIPPED_CONNECTORS: Final = _shipped("connectors")
 """The connector packages that come with sidecar (``connectors/``, the workspace connector among them)."""
 
 Subsystem = Callable[[web.Application], AsyncIterator[None]]
+_GONE: Final = frozenset({"ended", "closed"})
+"""Session events after which nothing of the session may stay in this process (``closed``: the daemon
+stops, and the session is kept for the next one)."""
 
 
 def build_app(
@@ -155,6 +165,11 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         root=paths.state,
         guarded=(paths.config,),
     )
+    ensure_private_dir(paths.data)
+    # The key source is chosen when a credential is first stored or read (off the event loop, as every
+    # store call is): asking the OS keyring costs memory a daemon without sign-ins or sessions never needs.
+    key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
+    app[CREDENTIALS] = CredentialStore(paths.data / "credentials.enc", key)
     audit.append("daemon.start", pid=runtime.pid)
     yield
     audit.append("daemon.stop", pid=runtime.pid)
@@ -162,15 +177,31 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _auth(app: web.Application) -> AsyncIterator[None]:
-    settings, audit = app[SETTINGS], app[AUDIT]
+    settings, paths, audit = app[SETTINGS], app[PATHS], app[AUDIT]
     inflight = app[INFLIGHT] = InflightTracker()
-    app[ROUTES] = RouteRegistry(inflight, on_event=lambda name, event: _audit_route(audit, name, event))
+    journal = app[STATE] = StateJournal(paths.state / "sessions.json", app[CREDENTIALS])
+    restored = await asyncio.to_thread(journal.load)
+    app[ROUTES] = RouteRegistry(
+        inflight,
+        on_event=lambda name, event: _audit_route(audit, name, event),
+        journal=journal,
+        carried=restored.tokens,
+    )
     sessions = app[SESSIONS] = SessionStore(
-        inflight, default_ttl=settings.sessions.default_ttl, max_ttl=settings.sessions.max_ttl
+        inflight,
+        keys=restored.keys,
+        key_source=journal.signing_keys,
+        journal=journal,
+        restored=restored.sessions,
+        default_ttl=settings.sessions.default_ttl,
+        max_ttl=settings.sessions.max_ttl,
     )
     sessions.subscribe(lambda session, event: _audit_session(audit, session, event))
+    if restored.sessions or restored.tokens:
+        audit.append("session.restored", sessions=[s.id for s in restored.sessions], routes=sorted(restored.tokens))
     app[CONSOLE] = ConsoleSignIn()  # the web console's one-time codes and browser sessions
-    yield
+    async with watching_owners(sessions.owned, sessions.end):
+        yield
 
 
 def _bus(registry: ToolRegistry) -> Subsystem:
@@ -204,15 +235,14 @@ def _bus(registry: ToolRegistry) -> Subsystem:
 
 
 async def _oauth(app: web.Application) -> AsyncIterator[None]:
-    paths, runtime, audit = app[PATHS], app[RUNTIME], app[AUDIT]
-    ensure_private_dir(paths.data)
-    # The key source is chosen when a credential is first stored or read (off the event loop, as every
-    # store call is): asking the OS keyring costs memory a daemon without remote sign-ins never needs.
-    key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
+    runtime, audit = app[RUNTIME], app[AUDIT]
 
-    async def relearn(connector_id: str) -> None:
-        """Signed in: a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
+    async def signed_in(connector_id: str) -> None:
+        """Signed in. Connections made under the old grant end (a server may bind its MCP sessions to the
+        credential that opened them: step-up's new token would find them gone) and reopen on the next
+        call; a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
         service = app[CONNECTORS]
+        await service.disconnect(connector_id)
         connector = service.manager.get(connector_id)
         if not service.tools.offers(connector_id) and app[TRUST].is_trusted(connector.key):
             await service.trust(connector_id)
@@ -221,10 +251,10 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
         await app[CONNECTORS].disconnect(connector_id)
 
     broker = app[OAUTH] = Broker(
-        CredentialStore(paths.data / "credentials.enc", key),
+        app[CREDENTIALS],
         redirect_uri=lambda: f"http://127.0.0.1:{runtime.port}{CALLBACK_PATH}",
         audit=audit.append,
-        on_ready=relearn,
+        on_ready=signed_in,
         on_revoked=disconnect,
     )
     yield
@@ -276,7 +306,7 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         billing=app[BILLING],
         deferral=Deferral(default=settings.tools.defer_connectors, direct=frozenset(settings.tools.direct_connectors)),
     )
-    sessions.subscribe(lambda session, event: service.session_ended(session.id) if event == "ended" else None)
+    sessions.subscribe(lambda session, event: service.session_ended(session.id) if event in _GONE else None)
     # Each remote connector's sign-in state as stored (``ready`` after a restart), before any call.
     remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http"]
     await app[OAUTH].load({spec.id: spec.launch.oauth is not None for spec in remote})
@@ -304,14 +334,17 @@ async def _edge(app: web.Application) -> AsyncIterator[None]:
     async with endpoint.run(), relay_endpoint.run():
         app[ROUTES].register(PROXY_ROUTE, path="/mcp")
         connectors.start()  # cached tools of connectors trusted earlier, and their own routes
+        app[ROUTES].drop_unclaimed()  # tokens of an earlier run whose route is not mounted now
         yield
         await _revoke_all(app)
 
 
 async def _revoke_all(app: web.Application) -> None:
-    """Stopping revokes every token: sessions end, then routes go, each aborting what runs on it."""
+    """Stopping revokes every token in this process: sessions end, then routes go, each aborting what runs
+    on it. The journal is closed first: the next start takes them up again, until they expire."""
     with contextlib.suppress(KeyError):  # start-up failed before the auth subsystem
-        app[SESSIONS].end_all()
+        app[STATE].close()
+        app[SESSIONS].close_all()
         routes = app[ROUTES]
         for route in routes.list():
             routes.unregister(route.name)
@@ -348,7 +381,7 @@ def _on_session(hub: ChangeHub, approvals: ApprovalStore, session: Session, even
     """A grant that changed reaches the session's clients; an ended session's state goes with it."""
     if event == "updated":
         hub.announce([session.id])
-    elif event == "ended":
+    elif event in _GONE:
         hub.forget(session.id)
         approvals.forget_session(session.id)
 
@@ -363,6 +396,8 @@ def _audit_route(audit: AuditLog, name: str, event: str) -> None:
 
 
 def _audit_session(audit: AuditLog, session: Session, event: str) -> None:
+    if event == "closed":
+        return  # not an end: the session is kept for the next start ("daemon.stop" records the stop)
     audit.append(
         f"session.{event}",
         session=session.id,

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from sidecar.auth.console import ConsoleSignIn
 from sidecar.auth.inflight import InflightTracker
+from sidecar.auth.persist import StateJournal
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
 from sidecar.bus.approvals import ApprovalStore
@@ -29,6 +30,7 @@ from sidecar.edge.rest import RestFacade
 from sidecar.oauth.broker import Broker
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.credentials import CredentialStore
 from sidecar.store.trust import TrustStore
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "BILLING",
     "CONNECTORS",
     "CONSOLE",
+    "CREDENTIALS",
     "HUB",
     "INFLIGHT",
     "MCP_ENDPOINT",
@@ -49,6 +52,7 @@ __all__ = [
     "RUNTIME",
     "SESSIONS",
     "SETTINGS",
+    "STATE",
     "TOOLS",
     "TRUST",
     "Runtime",
@@ -74,6 +78,8 @@ SETTINGS = web.AppKey("settings", Settings)
 PATHS = web.AppKey("paths", Paths)
 RUNTIME = web.AppKey("runtime", Runtime)
 AUDIT = web.AppKey("audit", AuditLog)
+CREDENTIALS = web.AppKey("credentials", CredentialStore)
+STATE = web.AppKey("state", StateJournal)
 INFLIGHT = web.AppKey("inflight", InflightTracker)
 ROUTES = web.AppKey("routes", RouteRegistry)
 SESSIONS = web.AppKey("sessions", SessionStore)

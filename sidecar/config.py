@@ -21,6 +21,7 @@ from sidecar.origins import Origin, parse_origin
 from sidecar.validation import Loc, quote, render_errors
 
 __all__ = [
+    "DEFAULT_PORT",
     "LOOPBACK_HOST",
     "Limits",
     "McpSettings",
@@ -33,6 +34,10 @@ __all__ = [
 ]
 
 LOOPBACK_HOST = "127.0.0.1"
+DEFAULT_PORT = 7437
+"""The daemon's port unless the user picks another: fixed, so a host configured once finds the daemon after
+every restart (issue 14 item 5). Below Linux's ephemeral range (32768-60999), so no outgoing connection
+of this machine is ever given it."""
 
 
 class _Frozen(BaseModel):
@@ -84,8 +89,9 @@ class SessionSettings(_Frozen):
     default_ttl: int = Field(default=12 * 3600, ge=60)
     """Seconds a new session lives unless ``session new`` asks for less."""
 
-    max_ttl: int = Field(default=7 * 24 * 3600, ge=60)
-    """Longest lifetime a session may be given."""
+    max_ttl: int = Field(default=30 * 24 * 3600, ge=60)
+    """Longest lifetime a session may be given (``session new --ttl 30d`` for a desktop host that cannot
+    use ``sidecar exec``)."""
 
     default_allow: tuple[str, ...] = Field(default=(BUILTIN_GRANT,), max_length=256)
     """The grant of a session created without ``--allow``: the built-ins, and no connector tool unless
@@ -175,8 +181,10 @@ class Settings(_Frozen):
     host: str = LOOPBACK_HOST
     """Bind address. Only 127.0.0.1 is accepted: sidecar never listens beyond this machine."""
 
-    port: int = Field(default=0, ge=0, le=65535)
-    """TCP port; 0 picks a free one (the chosen port is written to runtime.json)."""
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    """TCP port on 127.0.0.1. Fixed, so configured hosts find the daemon after a restart; when another
+    process holds it the daemon refuses to start and names that process. 0 picks a free one (the chosen
+    port is written to runtime.json)."""
 
     allowed_origins: tuple[str, ...] = ()
     """Browser origins (scheme://host[:port]) allowed to call the daemon; none by default."""

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
 from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, OAUTH, ROUTES, RUNTIME, SESSIONS, SETTINGS, TRUST
+from sidecar.auth.owners import Owner
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.pool import LaunchContext, launch_plan
 from sidecar.connectors.spec import OAuthClient
@@ -54,6 +55,8 @@ class NewSession(_Body):
     ttl: int | None = None
     connector: str | None = None
     """Give the configuration for one connector's own route (/mcp/connectors/<id>) instead of /mcp."""
+    owner_pid: int | None = Field(default=None, gt=1, le=2**22)  # Linux's largest pid_max
+    """A process the session ends with (``sidecar exec`` names itself): when it is gone, so is the session."""
 
     def grant(self, default: tuple[str, ...]) -> tuple[str, ...]:
         """What the session may use: the explicit ``allow``, else the connector it is for, else ``default``.
@@ -118,6 +121,8 @@ async def create_session(request: web.Request) -> web.Response:
     app = request.app
     if spec.connector is not None and not CONNECTOR_ID.fullmatch(spec.connector):
         raise NotFound(f"no connector {spec.connector!r}")
+    owner = Owner.of(spec.owner_pid) if spec.owner_pid is not None else None
+    await app[SESSIONS].prepare()
     session, envelope = app[SESSIONS].create(
         project_id=spec.project,
         workspace=spec.workspace,
@@ -125,21 +130,23 @@ async def create_session(request: web.Request) -> web.Response:
         allow=spec.grant(app[SETTINGS].sessions.default_allow),
         network=spec.network,
         ttl=spec.ttl,
+        owner=owner,
     )
     url = _url(request)
-    route = app[ROUTES].get(PROXY_ROUTE)
+    route = PROXY_ROUTE
     if spec.connector is not None:
-        route = app[ROUTES].get(connector_route(spec.connector))
+        route = connector_route(spec.connector)
         url = f"{url}/connectors/{spec.connector}"
-        if route is None:
-            app[SESSIONS].end(session.id)
+    if app[ROUTES].get(route) is None:
+        app[SESSIONS].end(session.id)
+        if spec.connector is not None:
             raise NotFound(f"connector {preview(spec.connector, 64)} is not trusted (it has no route of its own)")
-    if route is None:
         raise RequestRejected("the MCP route is not registered (daemon stopping?)")
+    token = app[ROUTES].issue(route, until=session.expires_at)
     payload: dict[str, Any] = {
         "session_id": session.id,
         "url": url,
-        "headers": {"Authorization": f"Bearer {route.token}", "X-Sidecar-Context": envelope},
+        "headers": {"Authorization": f"Bearer {token}", "X-Sidecar-Context": envelope},
         "expires_at": session.expires_at,
         "session": session.public(),
     }
@@ -243,7 +250,8 @@ async def install_connector(request: web.Request) -> web.Response:
 
 def connector_body(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
     """A connector as the control API shows it, with its sign-in state (``auth``, ``auth_reason``)."""
-    return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id)}
+    declared = connector.spec.launch.oauth is not None
+    return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id, declared=declared)}
 
 
 async def connect_connector(request: web.Request) -> web.Response:
@@ -289,7 +297,7 @@ async def _pre_registered(connector_id: str, client: OAuthClient | None) -> PreR
             raise RequestRejected(f"connector {connector_id}: cannot use the client secret file: {why}") from None
         if not secret:
             raise RequestRejected(f"connector {connector_id}: the client secret file {client.secret_file} is empty")
-    return PreRegistered(client.client_id, secret, client.scopes)
+    return PreRegistered(client.client_id, secret, client.scopes, metadata_document=client.metadata_document)
 
 
 async def revoke_connector(request: web.Request) -> web.Response:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -46,6 +47,8 @@ from sidecar.http import JsonErrorRunner
 from sidecar.paths import Paths
 from sidecar.store.files import check_directory_chain, ensure_private_dir, remove_quietly, write_json
 from sidecar.store.runtime import read_runtime
+from sidecar.system import port_holders
+from sidecar.text import preview
 
 __all__ = ["serve"]
 
@@ -95,7 +98,12 @@ async def _run(
     loop = asyncio.get_running_loop()
     try:
         site = web.TCPSite(runner, LOOPBACK_HOST, settings.port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise Conflict(port_taken(settings.port, paths)) from None
         runtime.port = _listening_port(runner)
         url = f"http://{LOOPBACK_HOST}:{runtime.port}"
         # Handlers first: once runtime.json exists, a service manager may signal us at any moment.
@@ -128,6 +136,22 @@ async def _run(
         except TimeoutError:
             logger.warning("shutdown took longer than %.0fs; exiting anyway", settings.shutdown_timeout + 5)
         logger.info("stopped in %.2fs", time.monotonic() - started)
+
+
+def port_taken(port: int, paths: Paths) -> str:
+    """Why the daemon cannot listen on ``port``: which process holds it (from ``/proc`` where we may
+    look), and how to pick another port."""
+    holders = port_holders(port)
+    named = [f"pid {h.pid} ({preview(h.command, 160)})" for h in holders if h.pid is not None]
+    others = sorted({h.uid for h in holders if h.pid is None})
+    if not named and others:
+        named = [f"a process of uid {uid} (not ours to inspect)" for uid in others]
+    who = ", ".join(named) if named else f"another process (find it with: ss -ltnp 'sport = :{port}')"
+    return (
+        f"port {port} on {LOOPBACK_HOST} is in use by {who}; stop it, or give sidecar another port: "
+        f"sidecar serve --port N, or port = N in {paths.settings_file} (every configured host then needs "
+        "the new URL; --port 0 takes any free port)"
+    )
 
 
 def _listening_port(runner: web.AppRunner) -> int:

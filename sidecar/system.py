@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "PortHolder",
     "ProcStat",
     "ProcessTree",
     "direct_children",
     "environ_value",
     "is_child_subreaper",
     "pid_alive",
+    "port_holders",
     "proc_table",
     "read_stat",
     "reap",
@@ -106,6 +108,60 @@ def pid_alive(pid: int) -> bool:
         return True  # EPERM: someone else's live process; OverflowError: not a pid at all
     stat = read_stat(pid)
     return stat is None or not stat.dead
+
+
+@dataclass(frozen=True, slots=True)
+class PortHolder:
+    """A socket listening on a TCP port: whose it is, and which process holds it when we may see that."""
+
+    uid: int
+    pid: int | None
+    """None when no process of ours has the socket open (another user's, or one we may not inspect)."""
+    command: str
+    """Its command line (NULs as spaces), empty when ``pid`` is None."""
+
+
+_LISTEN: Final = "0A"
+"""``st`` of a listening socket in ``/proc/net/tcp`` (TCP_LISTEN, include/net/tcp_states.h)."""
+_CMDLINE_BYTES: Final = 4096
+
+
+def port_holders(port: int) -> list[PortHolder]:
+    """The sockets listening on TCP ``port`` (any address, IPv4 or IPv6) and the processes holding them,
+    from ``/proc/net/tcp{,6}`` and the ``/proc/<pid>/fd`` links we may read; [] without ``/proc``."""
+    sockets: dict[int, int] = {}  # inode -> uid
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        # proc(5): "sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode"
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == _LISTEN and fields[1].rpartition(":")[2] == f"{port:04X}":
+                with contextlib.suppress(ValueError):
+                    sockets[int(fields[9])] = int(fields[7])
+    holders = {inode: PortHolder(uid, None, "") for inode, uid in sockets.items()}
+    wanted = {f"socket:[{inode}]": inode for inode in sockets}
+    for entry in os.listdir("/proc") if wanted else ():
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                inode = wanted.get(os.readlink(f"/proc/{entry}/fd/{fd}"))
+                if inode is not None and holders[inode].pid is None:
+                    holders[inode] = PortHolder(sockets[inode], int(entry), _command_line(int(entry)))
+    return list(holders.values())
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            raw = handle.read(_CMDLINE_BYTES)
+    except OSError:
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", errors="replace")
 
 
 def set_child_subreaper() -> bool:

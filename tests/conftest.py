@@ -31,7 +31,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sidecar.bus.registry import ToolRegistry
-from sidecar.config import Settings
+from sidecar.config import DEFAULT_PORT, Settings
 from sidecar.daemon import serve
 from sidecar.paths import Paths
 from sidecar.service import serve_argv
@@ -200,7 +200,10 @@ async def running_daemon(
 ) -> AsyncIterator[Daemon]:
     """Run ``serve()`` in this event loop on 127.0.0.1:0 and stop it (bounded) afterwards."""
     ready = asyncio.Event()
-    task = asyncio.create_task(serve(settings or Settings(), paths, registry=registry, ready=ready))
+    settings = settings or Settings()
+    if settings.port == DEFAULT_PORT:  # tests run side by side, and the default port is the user's
+        settings = settings.model_copy(update={"port": 0})
+    task = asyncio.create_task(serve(settings, paths, registry=registry, ready=ready))
     waiter = asyncio.create_task(ready.wait())
     done, _ = await asyncio.wait({task, waiter}, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
     waiter.cancel()

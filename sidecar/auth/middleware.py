@@ -72,10 +72,10 @@ def make_auth_middleware(
         route_name = route_for_path(path)
         if route_name is None:
             return await handler(request)
-        route = routes().authenticate(route_name, bearer_token(request))
+        match = routes().authenticate(route_name, bearer_token(request))
         contexts = request.headers.getall(CONTEXT_HEADER, [])
         session = sessions().verify(contexts[0] if len(contexts) == 1 else None)
-        request[PRINCIPAL] = Principal(route=route.name, generation=route.generation, session_id=session.id)
+        request[PRINCIPAL] = Principal(route=match.name, generation=match.generation, session_id=session.id)
         return await handler(request)
 
     return auth

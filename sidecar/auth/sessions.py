@@ -1,13 +1,18 @@
 """Sidecar sessions: what an agent host may do, held by the daemon and named by a signed envelope.
 
 The envelope (``X-Sidecar-Context``) only names the session and binds project, workspace, mode and
-lifetime; permissions always come from the ``Session`` record here (contract §4). Sessions live in memory
-for the daemon's lifetime (route tokens die with the daemon anyway, contract §4), so nothing here touches
-disk. Ending a session aborts its in-flight work and its envelope stops working at once.
+lifetime; permissions always come from the ``Session`` record here (contract §4). Ending a session aborts
+its in-flight work and its envelope stops working at once.
+
+Sessions outlive a daemon restart until they expire (issue 14 item 5): every change is handed to a
+``SessionJournal`` (``auth.persist``), which keeps the records on disk and the envelope key in the
+credential store, and a restarted daemon is built with what it kept (``restored``, ``keys``). Nothing
+here touches disk itself. Without a journal (unit tests) sessions live in memory only.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import re
@@ -17,15 +22,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from sidecar.auth.encoding import b64url_encode
 from sidecar.auth.envelope import EnvelopeKeys, SessionClaims
 from sidecar.auth.inflight import InflightTracker
+from sidecar.auth.owners import Owner
 from sidecar.errors import EnvelopeRejected, NotFound, RequestRejected
 from sidecar.names import BUILTIN_GRANT, is_grant_pattern
 from sidecar.text import preview
 
-__all__ = ["Mode", "Session", "SessionStore", "session_key", "validate_pattern"]
+__all__ = ["Mode", "Session", "SessionJournal", "SessionStore", "session_key", "validate_pattern"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +77,8 @@ class Session:
     network: bool
     created_at: int
     expires_at: int
+    owner: Owner | None = None
+    """The process this session ends with (``sidecar exec``), or None: it lives until ended or expired."""
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at
@@ -85,11 +94,28 @@ class Session:
             "network": self.network,
             "created_at": self.created_at,
             "expires_at": self.expires_at,
+            "owner_pid": self.owner.pid if self.owner is not None else None,
         }
 
 
+class SessionJournal(Protocol):
+    """Where sessions are kept across restarts (``auth.persist.StateJournal``)."""
+
+    def sessions_changed(self, sessions: Iterable[Session]) -> None: ...
+
+
 SessionListener = Callable[[Session, str], None]
-"""Called with (session, event) where event is ``created``, ``updated`` or ``ended``."""
+"""Called with (session, event) where event is ``created``, ``updated``, ``ended``, or ``closed`` (the
+daemon stops: the session leaves this process but lives on for the next one)."""
+
+
+def _span(seconds: int) -> str:
+    """``2592000`` → ``30 days``: a bound as a person reads it."""
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= size:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} seconds"
 
 
 def canonical_workspace(path: str) -> str:
@@ -111,12 +137,22 @@ class SessionStore:
         inflight: InflightTracker,
         *,
         keys: EnvelopeKeys | None = None,
+        key_source: Callable[[], EnvelopeKeys] | None = None,
+        journal: SessionJournal | None = None,
+        restored: Iterable[Session] = (),
         default_ttl: int,
         max_ttl: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._sessions: dict[str, Session] = {}
-        self._keys = keys or EnvelopeKeys.generate()
+        """``keys`` sign and verify envelopes; without them, ``key_source`` gives them when the first
+        session is made (``prepare``), or else a fresh key is made now. ``restored``: the sessions of an
+        earlier run, as the journal kept them (their envelopes verify with ``keys``)."""
+        self._sessions: dict[str, Session] = {s.id: s for s in restored}
+        if keys is None and key_source is None:
+            keys = EnvelopeKeys.generate()
+        self._keys = keys
+        self._key_source = key_source
+        self._journal = journal
         self._inflight = inflight
         self._default_ttl = default_ttl
         self._max_ttl = max_ttl
@@ -127,6 +163,25 @@ class SessionStore:
     def subscribe(self, listener: SessionListener) -> None:
         self._listeners.append(listener)
 
+    async def prepare(self) -> None:
+        """Have the signing key at hand before ``create``: the first time, it comes from the credential
+        store (the OS keyring, perhaps), so it is fetched off the event loop."""
+        if self._keys is None and self._key_source is not None:
+            keys = await asyncio.to_thread(self._key_source)
+            if self._keys is None:
+                self._keys = keys
+
+    def _signing_keys(self) -> EnvelopeKeys:
+        if self._keys is None:
+            if self._key_source is None:  # unreachable: __init__ leaves one or the other
+                raise RuntimeError("no envelope keys")
+            self._keys = self._key_source()  # a caller that skipped prepare(): on the loop, once
+        return self._keys
+
+    def owned(self) -> list[tuple[str, Owner]]:
+        """(session id, owner) of every live session that ends with a process."""
+        return [(s.id, s.owner) for s in self._sessions.values() if s.owner is not None]
+
     def create(
         self,
         *,
@@ -136,14 +191,18 @@ class SessionStore:
         allow: Iterable[str] = (BUILTIN_GRANT,),
         network: bool = True,
         ttl: int | None = None,
+        owner: Owner | None = None,
     ) -> tuple[Session, str]:
         """Create a session and return it with its envelope. Unless ``allow`` says otherwise, it may use
-        the built-ins and no connector tool (contract §2: a connector needs an explicit grant)."""
+        the built-ins and no connector tool (contract §2: a connector needs an explicit grant).
+        ``owner``: the process it ends with."""
         if not _PROJECT.fullmatch(project_id):
             raise RequestRejected("project must be 1-128 characters of letters, digits and ._:/@-")
         ttl = self._default_ttl if ttl is None else ttl
         if not 60 <= ttl <= self._max_ttl:
-            raise RequestRejected(f"ttl must be between 60 and {self._max_ttl} seconds")
+            raise RequestRejected(
+                f"ttl must be between 60 seconds and {_span(self._max_ttl)} ([sessions] max_ttl in sidecar.toml)"
+            )
         patterns = self._patterns(allow)
         now = int(self._clock())
         session = Session(
@@ -155,10 +214,13 @@ class SessionStore:
             network=network,
             created_at=now,
             expires_at=now + ttl,
+            owner=owner,
         )
+        keys = self._signing_keys()
         self._prune(now)
         self._sessions[session.id] = session
-        envelope = self._keys.sign(
+        self._save()
+        envelope = keys.sign(
             SessionClaims(
                 session_id=session.id,
                 project_id=session.project_id,
@@ -174,7 +236,7 @@ class SessionStore:
     def envelope(self, session_id: str) -> str:
         """A fresh envelope for a live session (what its connector processes get as their context)."""
         session = self.get(session_id)
-        return self._keys.sign(
+        return self._signing_keys().sign(
             SessionClaims(
                 session_id=session.id,
                 project_id=session.project_id,
@@ -192,6 +254,8 @@ class SessionStore:
         now = self._clock()
         claims = self._verified.get(envelope)
         if claims is None:
+            if self._keys is None:  # no session was ever made with these keys: none can verify
+                raise EnvelopeRejected("unknown or ended session")
             claims = self._keys.verify(envelope, now=int(now))
             # A MAC verdict depends only on the exact string and our keys, so remember it (bounded);
             # expiry and the session's liveness are still checked on every request below.
@@ -245,6 +309,7 @@ class SessionStore:
             network=network if network is not None else session.network,
         )
         self._sessions[session_id] = changed
+        self._save()
         self._emit(changed, "updated")
         return changed
 
@@ -254,18 +319,31 @@ class SessionStore:
         if session is None:
             raise NotFound(f"no session {preview(session_id, 64)}")
         aborted = self._inflight.abort(session_key(session_id))
+        self._save()  # SECURITY: an ended session must stay ended after a restart
         self._emit(session, "ended")
         return aborted
 
-    def end_all(self) -> None:
-        for session_id in list(self._sessions):
-            self.end(session_id)
+    def close_all(self) -> None:
+        """The daemon stops: every session leaves this process (its in-flight work aborted, listeners
+        told ``closed``) without being ended — the journal, closed first, keeps it for the next start."""
+        for session in list(self._sessions.values()):
+            del self._sessions[session.id]
+            self._inflight.abort(session_key(session.id))
+            self._emit(session, "closed")
 
     def _prune(self, now: float) -> None:
-        for session in [s for s in self._sessions.values() if s.expired(now)]:
+        expired = [s for s in self._sessions.values() if s.expired(now)]
+        for session in expired:
             self._sessions.pop(session.id, None)
             self._inflight.abort(session_key(session.id))
+        if expired:
+            self._save()
+        for session in expired:
             self._emit(session, "ended")
+
+    def _save(self) -> None:
+        if self._journal is not None:
+            self._journal.sessions_changed(self._sessions.values())
 
     @staticmethod
     def _mode(mode: str) -> Mode:

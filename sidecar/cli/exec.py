@@ -13,7 +13,9 @@ secrets:
 The agent runs without a shell, in this process's process group, so a terminal's Ctrl-C reaches it
 directly; signals sent to ``sidecar exec`` alone (a service manager's SIGTERM, ``kill``) are passed on.
 Its exit code is ours (128 + N when a signal N ended it), and the session ends when it exits, however
-it exits — short of ``sidecar exec`` itself being killed outright, when the session lives out its TTL.
+it exits. The session names this process as its owner, so should ``sidecar exec`` itself be killed
+outright (SIGKILL runs none of its code), the daemon ends the session within a second or so
+(``auth.owners``).
 """
 
 from __future__ import annotations
@@ -83,13 +85,17 @@ def cmd_exec(args: argparse.Namespace, paths: Paths) -> int:
     try:
         return _run(command, agent_environment(created, dict(os.environ)))
     finally:
-        with contextlib.suppress(SidecarError):  # already ended (by the user, or the daemon stopped)
-            client.call("DELETE", f"/control/sessions/{session_id}")
+        # A new client: the daemon may have restarted meanwhile (same port, new control token); the session
+        # outlived that. Already ended (by the user, or its owner watch) or no daemon: nothing to do.
+        with contextlib.suppress(SidecarError):
+            ControlClient(paths).call("DELETE", f"/control/sessions/{session_id}")
 
 
 def _session_body(args: argparse.Namespace) -> dict[str, Any]:
     workspace = Path.cwd().absolute()
-    return session_body(args, workspace=str(workspace), project=args.project or _project_of(workspace))
+    body = session_body(args, workspace=str(workspace), project=args.project or _project_of(workspace))
+    body["owner_pid"] = os.getpid()  # the session ends with us, even if we are SIGKILLed
+    return body
 
 
 def _project_of(workspace: Path) -> str:

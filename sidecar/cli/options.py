@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import re
+from typing import Any, Final
 
-__all__ = ["add_session_options", "session_body"]
+__all__ = ["add_session_options", "duration", "session_body"]
+
+_DURATION: Final = re.compile(r"([0-9]{1,9})([smhd]?)")
+_UNITS: Final = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> int:
+    """``--ttl`` as people write it: ``3600``, ``90m``, ``12h``, ``30d`` → seconds (argparse type)."""
+    found = _DURATION.fullmatch(text.strip().lower())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use seconds, or a number with s, m, h or d")
+    return int(found[1]) * _UNITS[found[2]]
 
 
 def add_session_options(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +40,13 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
         help="whether the session may use tools that need the network: every connector tool, unless its "
         "connector declares it works offline (default: --network)",
     )
-    parser.add_argument("--ttl", type=int, help="lifetime in seconds")
+    parser.add_argument(
+        "--ttl",
+        type=duration,
+        metavar="DURATION",
+        help="lifetime: seconds, or 90m, 12h, 30d (default 12h; at most [sessions] max_ttl, 30d unless changed). "
+        "The session survives daemon restarts until then",
+    )
     parser.add_argument(
         "--connector",
         metavar="ID",

@@ -38,6 +38,7 @@ __all__ = [
     "InlineClientSecret",
     "LaunchText",
     "LaunchUrl",
+    "MetadataDocumentUrl",
     "OneServer",
     "PackageId",
     "PluginName",
@@ -170,6 +171,14 @@ def _launch_url(url: str) -> str:
 def _api_base(url: str) -> str:
     if urlsplit(url).query or urlsplit(url).fragment:
         raise ValueError("must not have a query or a fragment")
+    return url
+
+
+def _metadata_document_url(url: str) -> str:
+    # draft-ietf-oauth-client-id-metadata-document: the client id is an https URL with a path.
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "https" or parts.path in ("", "/") or parts.query or parts.fragment:
+        raise ValueError("must be an https URL with a path and no query or fragment")
     return url
 
 
@@ -315,6 +324,7 @@ Cwd = Annotated[Text, AfterValidator(_placeholders)]
 Url = Annotated[Text, AfterValidator(_http_url)]
 """``https://`` anywhere, ``http://`` only to a loopback host; no placeholders (``oauth-client.json``)."""
 ApiBaseUrl = Annotated[Url, AfterValidator(_api_base)]
+MetadataDocumentUrl = Annotated[Url, AfterValidator(_metadata_document_url)]
 LaunchUrl = Annotated[Text, AfterValidator(_placeholders), AfterValidator(_launch_url)]
 """A server's URL: like ``Url``, and may start with the daemon's own origin placeholder."""
 EnvName = Annotated[str, AfterValidator(_env_name)]

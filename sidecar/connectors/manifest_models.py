@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sidecar.connectors.manifest_fields import (
     ABSENT,
@@ -35,6 +44,7 @@ from sidecar.connectors.manifest_fields import (
     InlineClientSecret,
     LaunchText,
     LaunchUrl,
+    MetadataDocumentUrl,
     OneServer,
     PackageId,
     PluginName,
@@ -105,23 +115,34 @@ class _Entry(_Model):
 
 
 class HttpOAuth(_Model):
-    """An HTTP entry's ``oauth``: a client registered with the server's authorization server beforehand
-    (for one without dynamic registration), used instead of registering sidecar there."""
+    """An HTTP entry's ``oauth``: how sidecar is known to the server's authorization server. Either a
+    client registered there beforehand (``clientId``, for one without dynamic registration), or a Client
+    ID Metadata Document sidecar is identified by (``clientMetadataUrl``; used where the AS supports
+    them, dynamic registration elsewhere); instead of registering sidecar there."""
 
-    client_id: Text = Field(alias="clientId")
+    client_id: Text | None = Field(default=None, alias="clientId")
+    client_metadata_url: MetadataDocumentUrl | None = Field(default=None, alias="clientMetadataUrl")
     client_secret_file: Annotated[ClientSecretFile | None, GIVEN] = Field(default=None, alias="clientSecretFile")
     """Absolute path of a file (0600, the user's own) holding the client secret; read at each sign-in."""
     client_secret: InlineClientSecret = Field(default=None, alias="clientSecret", exclude=True)
     """Refused whenever present; its value is never read nor repeated."""
     scopes: list[ScopeToken] = Field(default_factory=list)
-    """The scopes to ask for; empty: what the server's challenge or metadata names."""
+    """The scopes to ask for beside what the server's challenge or metadata names."""
 
-    @field_validator("client_id")
+    @field_validator("client_id", "client_metadata_url")
     @classmethod
-    def _packages_declare_clients_elsewhere(cls, value: str, info: ValidationInfo) -> str:
-        if context_of(info).kind == "package":
+    def _packages_declare_clients_elsewhere(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and context_of(info).kind == "package":
             raise ValueError("a package declares its OAuth client in oauth-client.json")
         return value
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> HttpOAuth:
+        if (self.client_id is None) == (self.client_metadata_url is None):
+            raise ValueError("give exactly one of clientId (a registered client) and clientMetadataUrl")
+        if self.client_metadata_url is not None and self.client_secret_file is not None:
+            raise ValueError("clientSecretFile goes with clientId; a metadata document client has no secret")
+        return self
 
 
 class StdioEntry(_Entry):
@@ -144,7 +165,8 @@ class HttpEntry(_Entry):
     url: LaunchUrl
     headers: Headers = Field(default_factory=dict)
     oauth: HttpOAuth | None = None
-    """A pre-registered OAuth client (``{"clientId", "clientSecretFile", "scopes"}``); part of the trust key."""
+    """How sidecar is known to the AS (``{"clientId", "clientSecretFile", "scopes"}`` or
+    ``{"clientMetadataUrl", "scopes"}``); part of the trust key."""
     command: StdioOnly = None
     args: StdioOnly = None
     env: StdioOnly = None

@@ -163,8 +163,12 @@ def _launch(entry: StdioEntry | HttpEntry) -> LaunchConfig:
         headers = MappingProxyType(dict(entry.headers))
         oauth = None
         if entry.oauth is not None:
-            secret = entry.oauth.client_secret_file
-            oauth = OAuthClient(entry.oauth.client_id, Path(secret) if secret else None, tuple(entry.oauth.scopes))
+            given, secret = entry.oauth, entry.oauth.client_secret_file
+            document = given.client_metadata_url is not None
+            client_id = given.client_metadata_url if given.client_metadata_url is not None else given.client_id
+            if client_id is None:  # the model refuses an entry with neither
+                raise ValueError("an oauth block without a client")
+            oauth = OAuthClient(client_id, Path(secret) if secret else None, tuple(given.scopes), document)
         return LaunchConfig("http", None, (), MappingProxyType({}), None, entry.url, headers, oauth)
     env = MappingProxyType(dict(entry.env))
     return LaunchConfig("stdio", entry.command, tuple(entry.args), env, entry.cwd, None, MappingProxyType({}))

@@ -19,8 +19,10 @@ class OAuthClient:
     """A pre-registered OAuth client of a remote server (an HTTP entry's ``oauth``); the secret stays in its file."""
 
     client_id: str
+    """The registered client's id, or (``metadata_document``) the URL of its Client ID Metadata Document."""
     secret_file: Path | None
     scopes: tuple[str, ...]
+    metadata_document: bool = False
 
 
 @dataclass(frozen=True, slots=True)

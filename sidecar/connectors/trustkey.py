@@ -59,6 +59,8 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
             "secret_file": str(secret_file) if secret_file is not None else None,
             "scopes": list(launch.oauth.scopes),
         }
+        if launch.oauth.metadata_document:
+            canonical["oauth"]["metadata_document"] = True  # type: ignore[index]
     return canonical_json(canonical)
 
 

@@ -38,7 +38,7 @@ from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
 from pydantic import AnyUrl
 
 from sidecar.errors import Conflict, StorageError, find_error
-from sidecar.oauth.flow import AuthorizationRefused, build_provider
+from sidecar.oauth.flow import AuthorizationRefused, build_provider, s256_guard
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
 from sidecar.store.credentials import CredentialStore
@@ -64,11 +64,14 @@ REVOKE_BACKOFF: Final = 2.0
 
 @dataclass(frozen=True, slots=True)
 class PreRegistered:
-    """A client registered with the AS beforehand (the user's ``"oauth"`` entry), used instead of DCR."""
+    """How the user's ``"oauth"`` entry says sidecar is known to the AS, instead of registering there: a
+    client registered beforehand, or (``metadata_document``) a Client ID Metadata Document whose URL is
+    the client id, used where the AS supports those (the SDK registers dynamically elsewhere)."""
 
     client_id: str
     client_secret: str | None = None
     scopes: tuple[str, ...] = ()
+    metadata_document: bool = False
 
 
 @dataclass(slots=True)
@@ -126,10 +129,16 @@ class Broker:
         if keeper is not None and keeper.blocked():
             raise NeedsAuthorization(connector_id)
 
-    def public(self, connector_id: str) -> dict[str, Any]:
-        """``auth`` (the sign-in state) and ``auth_reason`` for the control API."""
+    def public(self, connector_id: str, *, declared: bool = False) -> dict[str, Any]:
+        """``auth`` (the sign-in state) and ``auth_reason`` for the control API. ``declared``: the
+        connector's config names an OAuth client, so with no sign-in yet it is ``unauthorized`` (as at
+        start, ``load``), also when it was added while the daemon runs."""
         keeper = self._keepers.get(connector_id)
-        return keeper.public() if keeper is not None else {"auth": SignIn.NONE.value, "auth_reason": None}
+        if keeper is None or keeper.state is SignIn.NONE:
+            if declared:
+                return {"auth": SignIn.UNAUTHORIZED.value, "auth_reason": "not signed in yet"}
+            return {"auth": SignIn.NONE.value, "auth_reason": None}
+        return keeper.public()
 
     def required(self, connector_id: str) -> None:
         """The connector's config says it uses OAuth: without a grant it is ``unauthorized``, not ``none``."""
@@ -150,7 +159,11 @@ class Broker:
                 keeper.set_state(SignIn.ERROR, f"the stored sign-in cannot be read: {_describe(exc)}")
                 logger.warning("cannot load the sign-in of %s: %s", connector_id, _describe(exc))
                 continue
-            if keeper.state is SignIn.NONE and (declared or grant is not None):
+            if grant is None and connector_id in self.store.unreadable:
+                # SECURITY: a record that fails to decrypt (tampered, truncated, moved) is no sign-in.
+                keeper.set_state(SignIn.UNAUTHORIZED, "the stored sign-in is damaged and was not used; sign in again")
+                logger.warning("the stored sign-in of %s does not decrypt; it needs a new sign-in", connector_id)
+            elif keeper.state is SignIn.NONE and (declared or grant is not None):
                 keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
 
     # -- sign-in ---------------------------------------------------------------------------------
@@ -188,19 +201,32 @@ class Broker:
         self, flow: _Flow, keeper: GrantKeeper, url: str, headers: dict[str, str], client: PreRegistered | None
     ) -> None:
         cid = flow.connector_id
-        storage = CredentialTokenStorage(self.store, connector=cid, account=ACCOUNT, fresh_sign_in=True)
+        configured = " ".join(client.scopes) if client is not None and client.scopes else None
+        extra_scope = keeper.step_up.scope_for_sign_in(keeper.granted_scope(), configured)
+        storage = CredentialTokenStorage(
+            self.store,
+            connector=cid,
+            account=ACCOUNT,
+            fresh_sign_in=True,
+            scope_needed=extra_scope if client is None else None,  # a pre-registered client is what it is
+        )
         redirect_uri = self._redirect_uri()
         provider = build_provider(
-            url, storage=storage, driver=_CallbackDriver(self, flow), redirect_uri=redirect_uri, client_name="sidecar"
+            url,
+            storage=storage,
+            driver=_CallbackDriver(self, flow),
+            redirect_uri=redirect_uri,
+            client_name="sidecar",
+            client_metadata_url=client.client_id if client is not None and client.metadata_document else None,
+            extra_scope=extra_scope,
         )
+        hooks = {"request": [s256_guard(provider)]}
         try:
-            if client is not None:
+            if client is not None and not client.metadata_document:
                 await _seed_client(storage, client, redirect_uri)
-                if client.scopes:
-                    provider.context.client_metadata.scope = " ".join(client.scopes)
             async with (
                 asyncio.timeout(FLOW_TIMEOUT),
-                httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT) as http,
+                httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT, event_hooks=hooks) as http,
                 streamable_http_client(url, http_client=http) as (read, write),
                 ClientSession(read, write) as session,
             ):

@@ -33,7 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull
 from pydantic import AnyUrl
 
-from sidecar.oauth.flow import HeadlessDriver, build_provider
+from sidecar.oauth.flow import HeadlessDriver, build_provider, s256_guard
 from sidecar.oauth.storage import CredentialTokenStorage
 from sidecar.paths import Paths
 from sidecar.store.credentials import CredentialStore, FileKey
@@ -76,8 +76,9 @@ async def run(server_url: str, *, context: dict[str, Any], protocol_version: str
             )
         )
     mode = MODERN_VERSION if protocol_version == MODERN_VERSION else "legacy"
+    hooks = {"request": [s256_guard(provider)]}
     async with (
-        httpx2.AsyncClient(auth=provider, timeout=HTTP_TIMEOUT) as http,
+        httpx2.AsyncClient(auth=provider, timeout=HTTP_TIMEOUT, event_hooks=hooks) as http,
         Client(streamable_http_client(server_url, http_client=http), mode=mode) as client,
     ):
         tools = await client.list_tools()

@@ -13,21 +13,29 @@ refresh. Around it this module adds:
   registration and before anything reaches the authorization endpoint; our handler checks the AS
   metadata the provider discovered there and raises ``AuthorizationRefused`` before the driver runs.
   A server with no metadata at all (the 2025-03-26 fallback to ``/authorize`` on its own origin, which
-  that spec allowed) has nothing to check and is let through: there is no list to lack S256;
+  that spec allowed) has nothing to check and is let through: there is no list to lack S256. The same
+  check runs as a request hook (``s256_guard``) on the provider's HTTP client, so nothing, not even a
+  dynamic registration, reaches an AS whose metadata lacks S256;
 - **a check of the authorization URL** before any driver sees it (the spec's security best practices):
-  https, or http on loopback only; never ``javascript:``, ``data:``, ``file:``.
+  https, or http on loopback only; never ``javascript:``, ``data:``, ``file:``;
+- **extra scope**: the SDK sets the client's ``scope`` from the server's 401 challenge (or its
+  metadata) just before it registers and authorizes; scopes the user configured and scopes a call was
+  refused for (``stepup``) must be asked for too, so the client metadata here keeps them in ``scope``
+  whatever the SDK assigns (``_WidenedMetadata``), in the registration and the authorization URL alike.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Final, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 from mcp.client.auth.oauth2 import OAuthClientProvider, OAuthContext
+from mcp.client.auth.utils import union_scopes
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata, OAuthMetadata
-from pydantic import AnyUrl
+from pydantic import AnyUrl, ConfigDict, PrivateAttr, model_validator
 
 from sidecar.errors import AuthorizationRefused
 from sidecar.oauth.sdk_context import discovered
@@ -43,6 +51,7 @@ __all__ = [
     "check_authorization_url",
     "client_metadata",
     "require_s256",
+    "s256_guard",
 ]
 
 logger = logging.getLogger(__name__)
@@ -103,6 +112,16 @@ def require_s256(metadata: OAuthMetadata | None) -> None:
         )
 
 
+def s256_guard(provider: OAuthClientProvider) -> Callable[[httpx2.Request], Awaitable[None]]:
+    """An httpx request hook that sends nothing more once the provider has discovered AS metadata without
+    S256: the redirect handler's check comes after registration, this one before it."""
+
+    async def check(request: httpx2.Request) -> None:
+        require_s256(discovered(provider.context).authorization_server)
+
+    return check
+
+
 def check_authorization_url(url: str) -> None:
     """Only https, or http to a loopback host, may be opened (spec: security best practices)."""
     parts = urlsplit(url)
@@ -141,14 +160,34 @@ class _Authorizer:
         return result
 
 
-def client_metadata(redirect_uri: str, *, client_name: str = "sidecar") -> OAuthClientMetadata:
-    """What we register as: a native public client that wants refresh tokens (spec 2026-07-28 "Refresh Tokens")."""
-    return OAuthClientMetadata(
+class _WidenedMetadata(OAuthClientMetadata):
+    """Client metadata whose ``scope``, however it is assigned, includes the extra scope it was made with."""
+
+    model_config = ConfigDict(validate_assignment=True)
+    _extra: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _widen(self) -> _WidenedMetadata:
+        extra = getattr(self, "_extra", None)  # unset while the model itself is being built
+        if extra:
+            self.__dict__["scope"] = union_scopes(self.__dict__.get("scope"), extra)  # no re-validation loop
+        return self
+
+
+def client_metadata(
+    redirect_uri: str, *, client_name: str = "sidecar", extra_scope: str | None = None
+) -> OAuthClientMetadata:
+    """What we register as: a native public client that wants refresh tokens (spec 2026-07-28 "Refresh
+    Tokens"), asking for ``extra_scope`` beside whatever scope the server's challenge names."""
+    metadata = _WidenedMetadata(
         client_name=client_name,
         redirect_uris=[AnyUrl(redirect_uri)],
         grant_types=["authorization_code", "refresh_token"],
         response_types=["code"],
     )
+    metadata._extra = extra_scope
+    metadata.scope = extra_scope
+    return metadata
 
 
 def build_provider(
@@ -159,12 +198,14 @@ def build_provider(
     redirect_uri: str,
     client_name: str = "sidecar",
     client_metadata_url: str | None = None,
+    extra_scope: str | None = None,
 ) -> OAuthClientProvider:
-    """An ``httpx2.Auth`` for ``server_url`` that keeps its grant in ``storage`` and authorizes with ``driver``."""
+    """An ``httpx2.Auth`` for ``server_url`` that keeps its grant in ``storage`` and authorizes with ``driver``;
+    ``extra_scope`` is asked for beside the server's own challenge."""
     authorizer = _Authorizer(driver)
     provider = OAuthClientProvider(
         server_url=server_url,
-        client_metadata=client_metadata(redirect_uri, client_name=client_name),
+        client_metadata=client_metadata(redirect_uri, client_name=client_name, extra_scope=extra_scope),
         storage=storage,
         redirect_handler=authorizer.redirect,
         callback_handler=authorizer.callback,

@@ -39,6 +39,7 @@ from mcp.shared.auth import OAuthToken
 from pydantic import ValidationError
 
 from sidecar.errors import ToolError
+from sidecar.oauth.stepup import StepUp, answer_with_error, scope_challenge
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
 
 __all__ = ["BrokerAuth", "GrantKeeper", "NeedsAuthorization", "SignIn", "refresh_margin"]
@@ -116,11 +117,18 @@ class GrantKeeper:
         self._retry_at = 0.0
         self.refreshes = 0
         """Token requests that succeeded (tests count them)."""
+        self.step_up = StepUp(connector_id)
 
     # -- state ---------------------------------------------------------------------------------
 
     def public(self) -> dict[str, Any]:
-        return {"auth": self.state.value, "auth_reason": self.reason}
+        reason = self.reason if self.state is not SignIn.READY else self.step_up.reason()
+        return {"auth": self.state.value, "auth_reason": reason}
+
+    def granted_scope(self) -> str | None:
+        """The scope the current tokens were granted (as the AS said, or as asked when it said nothing)."""
+        grant = self._grant
+        return grant.tokens.scope if grant is not None and grant.tokens is not None else None
 
     def set_state(self, state: SignIn, reason: str | None = None) -> None:
         self.state, self.reason = state, reason
@@ -140,6 +148,7 @@ class GrantKeeper:
             if grant is not None and grant.tokens is not None:
                 if grant.tokens.refresh_token is not None or not self._expired(grant):
                     self.set_state(SignIn.READY)
+                    self.step_up.signed_in(grant.tokens.scope)
                     self._failures, self._retry_at = 0, 0.0
                 else:
                     self.set_state(SignIn.UNAUTHORIZED, "the token expired and the server gave no refresh token")
@@ -329,7 +338,9 @@ class BrokerAuth(httpx2.Auth):
     """The ``httpx2.Auth`` of a remote connector's transport: the keeper's bearer token on every request.
 
     A 401 gets one retry with the token another caller refreshed meanwhile, or after one forced
-    refresh; otherwise the call fails fast with ``NeedsAuthorization``: sign-in runs out of band.
+    refresh; otherwise the call fails fast with ``NeedsAuthorization``: sign-in runs out of band. A
+    ``403 insufficient_scope`` becomes that call's JSON-RPC error naming the scope and the sign-in to
+    run (``stepup``); the connection and the grant stay.
     """
 
     def __init__(self, keeper: GrantKeeper) -> None:
@@ -340,6 +351,10 @@ class BrokerAuth(httpx2.Auth):
         if token is not None:
             request.headers["Authorization"] = f"Bearer {token}"
         response = yield request
+        challenged = scope_challenge(response)
+        if challenged is not None:
+            await answer_with_error(response, self._keeper.step_up.refused(challenged, self._keeper.granted_scope()))
+            return
         if response.status_code != 401 or not _bearer_challenge(response):
             return
         retry = await self._keeper.rejected(token)

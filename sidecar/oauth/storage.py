@@ -74,11 +74,16 @@ class CredentialTokenStorage:
         account: str,
         clock: Callable[[], float] = time.time,
         fresh_sign_in: bool = False,
+        scope_needed: str | None = None,
     ) -> None:
         """``fresh_sign_in``: hide the stored tokens from the provider, so it authorizes anew (a sign-in
-        over an existing grant keeps that grant usable until the new tokens replace it)."""
+        over an existing grant keeps that grant usable until the new tokens replace it).
+        ``scope_needed``: a dynamically registered client whose registered ``scope`` lacks some of these
+        is hidden too, so the provider registers again with them (an AS refuses scope a client was not
+        registered for)."""
         self._store = store
         self._fresh = fresh_sign_in
+        self._scope_needed = set(scope_needed.split()) if scope_needed else set()
         self.connector = connector
         self.account = account
         self._clock = clock
@@ -106,7 +111,10 @@ class CredentialTokenStorage:
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         grant = await self._current_grant()
-        return None if grant is None else grant.client
+        client = None if grant is None else grant.client
+        if client is not None and client.scope is not None and not self._scope_needed <= set(client.scope.split()):
+            return None  # registered for less than this sign-in must ask for: register again
+        return client
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         grants = await self._loaded()

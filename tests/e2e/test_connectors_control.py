@@ -34,6 +34,18 @@ async def test_sources_are_listed_untrusted_and_a_broken_entry_hides_nothing(dae
     assert "mcp.json" in problem and "broken" in problem and "command" in problem
 
 
+async def test_a_remote_server_declaring_an_oauth_client_added_while_running_needs_a_sign_in(
+    daemon: Daemon,
+) -> None:
+    remote = {"type": "http", "url": "https://mcp.example.com/mcp"}
+    write_user_servers(daemon, {"plain": remote, "signed": {**remote, "oauth": {"clientId": "sidecar-app"}}})
+    await daemon.control("GET", "/control/connectors")  # the listing reads the config as it is now
+    signed = await daemon.control("GET", "/control/connectors/signed")
+    assert (signed["auth"], signed["auth_reason"]) == ("unauthorized", "not signed in yet"), signed
+    plain = await daemon.control("GET", "/control/connectors/plain")
+    assert (plain["auth"], plain["auth_reason"]) == ("none", None), plain  # none until its server asks
+
+
 @pytest.mark.slow
 async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> None:
     write_user_servers(daemon, {"time": TIME_SERVER})

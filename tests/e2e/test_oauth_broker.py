@@ -218,6 +218,8 @@ async def test_an_authorization_server_without_s256_is_refused_before_any_browse
         refused = await daemon.control("POST", "/control/connectors/remote/connect", expect=None)
         assert "S256" in json.dumps(refused), refused
         assert not servers.grants()
+        events = [json.loads(x) for x in servers.events.read_text().splitlines() if x.startswith("{")]
+        assert not [e for e in events if e["event"] == "registration"], events  # refused before registering
         shown = await daemon.control("GET", "/control/connectors/remote")
         assert shown["auth"] == "error" and "S256" in shown["auth_reason"]
 
@@ -364,3 +366,174 @@ async def test_after_a_restart_the_stored_sign_in_is_ready_and_refreshes_silentl
             assert await call_echo(second, session, "after") == "after"
         assert len(servers.grants("authorization_code")) == codes  # no new sign-in
         assert len(servers.grants("refresh_token")) == refreshes + 1  # one silent refresh
+
+
+async def test_a_call_refused_for_scope_asks_for_a_sign_in_with_the_union_of_scopes(
+    daemon: Daemon, servers: Servers
+) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    await trust_remote(daemon, servers)
+    await sign_in(daemon)
+    session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+    async with asyncio.timeout(BOUND), mcp_client(session) as client:
+        refused = await client.call_tool("mcp__remote__admin_echo", {"text": "up"})
+        assert refused.is_error, refused
+        assert "admin" in tool_text(refused) and "run sidecar connectors connect remote" in tool_text(refused)
+        # The grant still serves what it covers: same session, same connection.
+        assert tool_text(await client.call_tool("mcp__remote__echo", {"text": "still"})) == "still"
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "ready" and "admin" in shown["auth_reason"], shown
+    relayed = await daemon.new_session(mode="bypass", connector="remote")  # the connector's own route
+    async with asyncio.timeout(BOUND), mcp_client(relayed) as client:
+        with pytest.raises(Exception, match="run sidecar connectors connect remote"):
+            await client.call_tool("admin_echo", {"text": "up"})
+        assert tool_text(await client.call_tool("echo", {"text": "relayed"})) == "relayed"
+
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    asked = parse_qs(urlsplit(started["authorization_url"]).query)["scope"][0].split()
+    assert {"mcp", "admin"} <= set(asked), asked
+    page = await browse(started["authorization_url"])
+    assert "You can close this tab" in page.text, page.text
+    async with asyncio.timeout(BOUND), mcp_client(session) as client:
+        assert tool_text(await client.call_tool("mcp__remote__admin_echo", {"text": "up"})) == "up"
+        assert tool_text(await client.call_tool("mcp__remote__echo", {"text": "both"})) == "both"
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "ready" and shown["auth_reason"] is None, shown
+
+
+async def test_the_connect_command_opens_the_browser_and_returns_once_signed_in(
+    daemon: Daemon, servers: Servers, home: Path
+) -> None:
+    from tests.conftest import sidecar_env
+
+    await trust_remote(daemon, servers)
+    root = Path(__file__).resolve().parents[2]
+    env = {**sidecar_env(home), "BROWSER": f"{sys.executable} -m tests.oauth.browser %s"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", "connectors", "connect", "remote",
+        cwd=root, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = out.decode()
+    assert proc.returncode == 0, (text, err.decode())
+    assert "Sign in to remote in your browser" in text and "browser: 200 /oauth/callback" in text
+    assert text.rstrip().endswith("signed in to remote"), text
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "ready", shown
+    session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
+    assert await call_echo(daemon, session, "cli") == "cli"
+
+
+async def _auth_state(daemon: Daemon, wanted: str) -> dict[str, Any]:
+    """The connector's record once its sign-in state is ``wanted`` (bounded)."""
+    async with asyncio.timeout(BOUND):
+        while True:
+            shown = dict(await daemon.control("GET", "/control/connectors/remote"))
+            if shown["auth"] == wanted:
+                return shown
+            await asyncio.sleep(0.05)
+
+
+async def test_a_sign_in_not_finished_in_time_ends_and_its_link_stops_working(
+    daemon: Daemon, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sidecar.oauth import broker
+
+    monkeypatch.setattr(broker, "FLOW_TIMEOUT", 1.0)  # the production bound is ten minutes
+    await trust_remote(daemon, servers)
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    joined = await daemon.control("POST", "/control/connectors/remote/connect")
+    assert joined["authorization_url"] == started["authorization_url"]  # one pending flow per connector
+    shown = await _auth_state(daemon, "error")
+    assert "was not finished within" in shown["auth_reason"], shown
+    page = await browse(started["authorization_url"])
+    assert "not valid any more" in page.text and "You can close this tab" not in page.text
+    assert not servers.grants("authorization_code")  # the late code was never exchanged
+    again = await daemon.control("POST", "/control/connectors/remote/connect")
+    assert again["authorization_url"] != started["authorization_url"]
+
+
+async def test_revoke_during_a_sign_in_ends_it_and_nothing_is_stored(daemon: Daemon, servers: Servers) -> None:
+    await trust_remote(daemon, servers)
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    revoked = await daemon.control("POST", "/control/connectors/remote/revoke")
+    assert revoked["auth"] == "unauthorized" and revoked["remote"] == "nothing to revoke", revoked
+    page = await browse(started["authorization_url"])
+    assert "not valid any more" in page.text, page.text
+    assert not servers.grants("authorization_code")
+    shown = await daemon.control("GET", "/control/connectors/remote")
+    assert shown["auth"] == "unauthorized", shown
+    assert _stored_records(daemon) == []  # the registration made for the flow went with the revoke
+
+
+def _stored_records(daemon: Daemon) -> list[dict[str, Any]]:
+    from sidecar.store.credentials import CredentialStore, choose_key_source
+
+    data = daemon.paths.data
+    if not (data / "credentials.enc").exists():
+        return []
+    store = CredentialStore(
+        data / "credentials.enc", choose_key_source(f"credentials:{data}", data / "credentials.key")
+    )
+    return [s for s in (store.get(record) for record in store.records("remote")) if s is not None]
+
+
+async def test_a_client_metadata_document_from_mcp_json_is_the_client_id_where_the_as_supports_it(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    document = "https://sidecar.example/oauth/client.json"
+    with oauth_servers(tmp_path, CIMD="1") as servers:
+        oauth = {"clientMetadataUrl": document, "scopes": ["mcp"]}
+        write_user_servers(daemon, {"remote": {"type": "http", "url": servers.mcp_url, "oauth": oauth}})
+        await daemon.control("POST", "/control/connectors/remote/trust")
+        started = await daemon.control("POST", "/control/connectors/remote/connect")
+        query = parse_qs(urlsplit(started["authorization_url"]).query)
+        assert query["client_id"] == [document], query
+        assert query["code_challenge_method"] == ["S256"] and "mcp" in query["scope"][0].split()
+        events = [json.loads(x) for x in servers.events.read_text().splitlines() if x.startswith("{")]
+        assert not [e for e in events if e["event"] == "registration"], events
+        await daemon.control("POST", "/control/connectors/remote/revoke")  # ends the pending flow
+
+
+async def test_a_tampered_record_costs_that_connector_its_sign_in_and_nothing_else(
+    home: Path, workspace: Path, tmp_path: Path
+) -> None:
+    import base64
+
+    from sidecar.paths import Paths
+
+    with oauth_servers(tmp_path) as servers:
+        async with running_daemon(Paths.resolve(), workspace) as first:
+            await trust_remote(first, servers)
+            await sign_in(first)
+            store = first.paths.data / "credentials.enc"
+        lines = [json.loads(line) for line in store.read_text().splitlines() if line.strip()]
+        for record in lines:
+            sealed = bytearray(base64.urlsafe_b64decode(str(record["data"])))
+            sealed[5] ^= 0x01  # one bit of the ciphertext
+            record["data"] = base64.urlsafe_b64encode(bytes(sealed)).decode()
+        store.write_text("".join(json.dumps(record) + "\n" for record in lines))
+        codes = len(servers.grants())
+
+        async with running_daemon(Paths.resolve(), workspace) as second:
+            shown = await second.control("GET", "/control/connectors/remote")
+            assert shown["auth"] == "unauthorized" and "damaged" in shown["auth_reason"], shown
+            status = await second.control("GET", "/control/status")
+            assert status["storage"]["credentials"], status
+            session = await second.new_session(mode="bypass", allow=["mcp__remote__*", "calculate"])
+            async with mcp_client(session) as client:
+                result = await client.call_tool("mcp__remote__echo", {"text": "no"})
+                assert result.is_error and "run sidecar connectors connect remote" in tool_text(result)
+                other = await client.call_tool("calculate", {"expression": "1+1"})  # the rest works
+                assert not other.is_error and "2" in tool_text(other), other
+            await sign_in(second)  # a new sign-in replaces the damaged record
+            assert await call_echo(second, session, "again") == "again"
+        assert len(servers.grants()) > codes

@@ -3,7 +3,8 @@
 // Config as in /work/shared/notes/oauth.md §6: DCR, PKCE, RFC 9207 iss, RFC 8707 resource indicators,
 // rotating refresh tokens (reuse revokes the grant), RFC 7009 revocation, RFC 7662 introspection.
 // Env: AT_TTL (access token seconds, default 3600); NO_S256=1 strips code_challenge_methods_supported
-// from the metadata (an AS sidecar must refuse); STATIC_CLIENT_ID, STATIC_CLIENT_SECRET and STATIC_REDIRECT_URI
+// from the metadata (an AS sidecar must refuse); CIMD=1 advertises client_id_metadata_document_supported (the
+// metadata only: a client id URL is not resolved, so the authorization request itself is not answered); STATIC_CLIENT_ID, STATIC_CLIENT_SECRET and STATIC_REDIRECT_URI
 // add a pre-registered confidential client; NO_REGISTRATION=1 turns dynamic registration off. Prints one
 // JSON line per token-endpoint event and per dynamic registration to stdout.
 import http from 'node:http';
@@ -33,10 +34,10 @@ const provider = new Provider(issuer, {
       enabled: true,
       defaultResource: () => resource,
       useGrantedResource: () => true,
-      getResourceServerInfo: () => ({ scope: 'mcp', audience: resource, accessTokenFormat: 'opaque' }),
+      getResourceServerInfo: () => ({ scope: 'mcp admin', audience: resource, accessTokenFormat: 'opaque' }),
     },
   },
-  scopes: ['openid', 'offline_access', 'mcp'],
+  scopes: ['openid', 'offline_access', 'mcp', 'admin'],
   rotateRefreshToken: true,
   issueRefreshToken: async (ctx, client) => client.grantTypeAllowed('refresh_token'),
   ttl: { AccessToken: Number(process.env.AT_TTL || 3600) },
@@ -66,11 +67,11 @@ async function interaction(req, res) {
   return provider.interactionFinished(req, res, { consent: { grantId } }, { mergeWithLastSubmission: true });
 }
 
-function withoutS256(res) {
+function editMetadata(res, edit) {
   const end = res.end.bind(res);
   res.end = (chunk, ...rest) => {
     const body = JSON.parse(chunk.toString());
-    delete body.code_challenge_methods_supported;
+    edit(body);
     const text = JSON.stringify(body);
     res.setHeader('content-length', Buffer.byteLength(text));
     return end(text, ...rest);
@@ -83,7 +84,10 @@ http
       interaction(req, res).catch((err) => { console.error(err); res.statusCode = 500; res.end(); });
       return;
     }
-    if (process.env.NO_S256 === '1' && req.url.startsWith('/.well-known/')) withoutS256(res);
+    if (req.url.startsWith('/.well-known/')) {
+      if (process.env.NO_S256 === '1') editMetadata(res, (body) => delete body.code_challenge_methods_supported);
+      if (process.env.CIMD === '1') editMetadata(res, (body) => { body.client_id_metadata_document_supported = true; });
+    }
     callback(req, res);
   })
   .listen(Number(port), '127.0.0.1', () => console.log(JSON.stringify({ event: 'listening', issuer })));

@@ -214,6 +214,10 @@ def test_an_http_entry_may_name_a_pre_registered_oauth_client_with_its_secret_in
         ({"clientId": "a", "scopes": ["two words"]}, "scope token"),
         ({"clientSecretFile": "/s"}, "clientId"),
         ({"clientId": "a", "clientSecretFile": None}, "clientSecretFile"),
+        ({"clientId": "a", "clientMetadataUrl": "https://c.example/c.json"}, "exactly one of clientId"),
+        ({"clientMetadataUrl": "http://127.0.0.1/c.json"}, "must be an https URL with a path"),
+        ({"clientMetadataUrl": "https://c.example/"}, "must be an https URL with a path"),
+        ({"clientMetadataUrl": "https://c.example/c.json", "clientSecretFile": "/s"}, "has no secret"),
     ],
 )
 def test_an_oauth_block_is_validated_strictly_and_an_inline_secret_is_never_repeated(
@@ -225,6 +229,16 @@ def test_an_oauth_block_is_validated_strictly_and_an_inline_secret_is_never_repe
     message = _only(problems).message
     assert words in message, message
     assert "s3cr3t-value" not in message
+
+
+def test_an_http_entry_may_name_a_client_metadata_document_as_its_client(tmp_path: Path) -> None:
+    oauth = {"clientMetadataUrl": "https://sidecar.example/oauth/client.json", "scopes": ["repo"]}
+    path = _write(tmp_path / "mcp.json", {"mcpServers": {"github": {**GOOD_HTTP, "oauth": oauth}}})
+    (spec,), problems = load_user_servers(path)
+    assert problems == []
+    client = spec.launch.oauth
+    assert client is not None and client.metadata_document
+    assert (client.client_id, client.secret_file, client.scopes) == (oauth["clientMetadataUrl"], None, ("repo",))
 
 
 def test_an_oauth_block_is_refused_on_a_stdio_server(tmp_path: Path) -> None:

@@ -145,6 +145,8 @@ def test_the_pre_registered_oauth_client_is_part_of_the_key_but_a_server_without
         {"clientId": "two"},
         {"clientId": "one", "scopes": ["repo"]},
         {"clientId": "one", "clientSecretFile": "/home/u/secret"},
+        {"clientMetadataUrl": "https://one.example/client.json"},
+        {"clientId": "https://one.example/client.json"},  # the same URL as a registered client is another config
     ]
     keys = []
     for oauth in variants:

@@ -1,0 +1,285 @@
+"""What outlives a daemon restart: sessions and the route tokens handed to them (issue 14 item 5).
+
+A host configured once must keep working after the daemon restarts (a reboot, an upgrade), until its
+session expires. Two things make that so, kept in two places:
+
+- **the envelope key** — a secret: whoever holds it can sign envelopes. It lives in the credential
+  store (``store.credentials``: AES-256-GCM, its own key in the OS keyring or a 0600 key file), as the
+  record ``sidecar:sessions / envelope-key / daemon`` (a connector id never has a ``:``). It is read
+  only when there are sessions to verify or the first one is made: the keyring library costs the
+  daemon memory a daemon without sessions never needs.
+- **``<state>/sessions.json``** (0600, written atomically after every change) — the session records
+  (id, project, workspace, mode, grant, network, times, owner process) and, per route, the SHA-256 of
+  each token handed out with the latest expiry of its sessions. **Never a token**: the file alone
+  opens nothing, since a request needs the token itself, which only the hosts hold.
+
+``session end``, ``routes rotate``, untrusting a connector and expiry change the file at once, so a
+revocation survives a restart; a file that cannot be written is removed (what it held is forgotten:
+fail closed). While the daemon stops it ends its sessions and routes in memory, but the journal is
+closed first (``close``): those ends are the daemon's, not the user's, and are not written.
+
+A file that is unreadable, corrupt or of another version, or a key that is missing or does not match
+the file, starts the daemon clean — no session from before the restart — with one log line saying why;
+it never stops the daemon. Everything here is synchronous: ``load`` and ``signing_keys`` may ask the OS
+keyring, so callers run them off the event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sidecar.auth.encoding import b64url_decode, b64url_encode
+from sidecar.auth.envelope import KEY_BYTES, EnvelopeKeys
+from sidecar.auth.owners import Owner
+from sidecar.auth.routes import CarriedToken
+from sidecar.auth.sessions import Mode, Session, validate_pattern
+from sidecar.errors import SidecarError, StorageError
+from sidecar.store.credentials import CredentialStore, RecordId
+from sidecar.store.files import read_json, remove_quietly, write_json
+
+__all__ = ["KEY_RECORD", "STATE_VERSION", "Restored", "StateJournal"]
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION: Final = 1
+KEY_RECORD: Final = RecordId(connector="sidecar:sessions", account="envelope-key", issuer="daemon")
+"""The credential-store record of the envelope key (``:`` keeps it apart from every connector's)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _OwnerModel(_Model):
+    pid: int = Field(gt=1)
+    start: int | None
+
+
+class _SessionModel(_Model):
+    id: str = Field(pattern=r"^s_[A-Za-z0-9_-]{22}$")
+    project_id: str = Field(max_length=128)
+    workspace: str = Field(max_length=4096)
+    mode: Literal["default", "read-only", "bypass"]
+    allow: list[str] = Field(max_length=256)
+    network: bool
+    created_at: int = Field(ge=0)
+    expires_at: int = Field(ge=0)
+    owner: _OwnerModel | None
+
+    def session(self) -> Session:
+        for pattern in self.allow:
+            validate_pattern(pattern)
+        owner = Owner(self.owner.pid, self.owner.start) if self.owner is not None else None
+        return Session(
+            id=self.id,
+            project_id=self.project_id,
+            workspace=self.workspace,
+            mode=Mode(self.mode),
+            allow=tuple(self.allow),
+            network=self.network,
+            created_at=self.created_at,
+            expires_at=self.expires_at,
+            owner=owner,
+        )
+
+
+class _TokenModel(_Model):
+    digest: str = Field(pattern=r"^[A-Za-z0-9_-]{43}$")
+    until: int = Field(ge=0)
+
+
+class _StateModel(_Model):
+    version: Literal[1]
+    kid: str | None = Field(max_length=32)
+    sessions: list[_SessionModel] = Field(max_length=100_000)
+    tokens: dict[str, list[_TokenModel]]
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What an earlier run left: live sessions, the keys that verify their envelopes, tokens handed out."""
+
+    sessions: list[Session] = field(default_factory=list)
+    keys: EnvelopeKeys | None = None
+    tokens: dict[str, list[CarriedToken]] = field(default_factory=dict)
+
+
+class StateJournal:
+    """Keeps ``sessions.json`` equal to the live sessions and tokens, and the envelope key in the store."""
+
+    def __init__(self, path: Path, credentials: CredentialStore, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._credentials = credentials
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._keys: EnvelopeKeys | None = None
+        self._kid: str | None = None
+        self._sessions: list[Session] = []
+        self._tokens: dict[str, list[CarriedToken]] = {}
+        self._closed = False
+
+    # -- start ---------------------------------------------------------------------------------------
+
+    def load(self) -> Restored:
+        """The live sessions and tokens of the last run; ``Restored()`` (a clean start) when there are
+        none, or the file or the key cannot be trusted (said in one log line)."""
+        state = self._read_file()
+        if state is None:
+            return Restored()
+        now = self._clock()
+        try:
+            sessions = [s.session() for s in state.sessions if s.expires_at > now]
+            tokens = {
+                name: kept
+                for name, entries in state.tokens.items()
+                if (kept := [CarriedToken(b64url_decode(t.digest), t.until) for t in entries if t.until > now])
+            }
+        except (SidecarError, ValueError) as exc:
+            self._start_clean(f"it holds an invalid entry ({exc})")
+            return Restored()
+        keys = None
+        if sessions:
+            keys = self._stored_keys(expected_kid=state.kid)
+            if keys is None:
+                self._start_clean("the envelope key in the credential store is missing, unreadable or not the one")
+                return Restored()
+            self._keys, self._kid = keys, state.kid
+        self._sessions, self._tokens = sessions, tokens
+        logger.info("kept across the restart: %d sessions, tokens of %d routes", len(sessions), len(tokens))
+        return Restored(sessions=sessions, keys=keys, tokens=tokens)
+
+    def _read_file(self) -> _StateModel | None:
+        try:
+            data = read_json(self.path)
+        except FileNotFoundError:
+            return None
+        except (StorageError, OSError) as exc:
+            self._start_clean(str(exc))
+            return None
+        try:
+            return _StateModel.model_validate(data)
+        except ValidationError as exc:
+            self._start_clean(f"it is not a sessions file of version {STATE_VERSION} ({_first_error(exc)})")
+            return None
+
+    def _start_clean(self, why: str) -> None:
+        logger.warning(
+            "%s cannot be used: %s; starting with no sessions from before the restart (hosts need new ones)",
+            self.path,
+            why,
+        )
+
+    # -- the key -------------------------------------------------------------------------------------
+
+    def signing_keys(self) -> EnvelopeKeys:
+        """The envelope key: the stored one, or a new one stored now. Should the store fail, a key for this
+        run only, and the journal stops writing (sessions then end with the daemon, as before)."""
+        with self._lock:
+            if self._keys is not None:
+                return self._keys
+            keys = self._stored_keys(expected_kid=None)
+            if keys is None:
+                kid, key = b64url_encode(secrets.token_bytes(6)), secrets.token_bytes(KEY_BYTES)  # SECURITY: CSPRNG
+                keys = EnvelopeKeys([(kid, key)])
+                secret = {"kid": kid, "key": base64.b64encode(key).decode("ascii")}
+                try:
+                    self._credentials.put(KEY_RECORD, secret)
+                except Exception as exc:
+                    logger.warning(
+                        "cannot store the envelope key (%s: %s); sessions will not survive a daemon restart",
+                        type(exc).__name__,
+                        exc,
+                    )
+                    self._closed = True
+                    remove_quietly(self.path)
+            self._keys, self._kid = keys, keys.signing_kid
+            return keys
+
+    def _stored_keys(self, *, expected_kid: str | None) -> EnvelopeKeys | None:
+        try:
+            secret = self._credentials.get(KEY_RECORD)
+        except Exception as exc:
+            logger.warning("cannot read the envelope key (%s: %s)", type(exc).__name__, exc)
+            return None
+        if secret is None:
+            return None
+        kid, encoded = secret.get("kid"), secret.get("key")
+        if not isinstance(kid, str) or not isinstance(encoded, str):
+            return None
+        if expected_kid is not None and kid != expected_kid:
+            return None
+        try:
+            return EnvelopeKeys([(kid, base64.b64decode(encoded.encode("ascii"), validate=True))])
+        except (ValueError, binascii.Error, UnicodeEncodeError):  # EnvelopeKeys refuses a short key or a bad kid
+            return None
+
+    # -- changes -------------------------------------------------------------------------------------
+
+    def sessions_changed(self, sessions: Iterable[Session]) -> None:
+        self._sessions = list(sessions)
+        self._write()
+
+    def tokens_changed(self, tokens: Mapping[str, Sequence[CarriedToken]]) -> None:
+        self._tokens = {name: list(kept) for name, kept in tokens.items()}
+        self._write()
+
+    def close(self) -> None:
+        """Write nothing more: the daemon is stopping, and what it ends now must be there at the next start."""
+        self._closed = True
+
+    def _write(self) -> None:
+        if self._closed:
+            return
+        try:
+            write_json(self.path, self._document())
+        except (StorageError, OSError) as exc:
+            # SECURITY: a file we cannot update could bring an ended session back: forget it all instead.
+            logger.error("cannot write %s (%s); removing it: sessions will not survive a restart", self.path, exc)
+            try:
+                remove_quietly(self.path)
+            except OSError as again:
+                logger.error("cannot remove %s either (%s): remove it before the next start", self.path, again)
+
+    def _document(self) -> dict[str, Any]:
+        now = self._clock()
+        return {
+            "version": STATE_VERSION,
+            "kid": self._kid,
+            "sessions": [_session_entry(s) for s in self._sessions if not s.expired(now)],
+            "tokens": {
+                name: [{"digest": b64url_encode(t.digest), "until": t.until} for t in kept if t.until > now]
+                for name, kept in sorted(self._tokens.items())
+            },
+        }
+
+
+def _session_entry(session: Session) -> dict[str, Any]:
+    owner = session.owner
+    return {
+        "id": session.id,
+        "project_id": session.project_id,
+        "workspace": session.workspace,
+        "mode": session.mode.value,
+        "allow": list(session.allow),
+        "network": session.network,
+        "created_at": session.created_at,
+        "expires_at": session.expires_at,
+        "owner": {"pid": owner.pid, "start": owner.start} if owner is not None else None,
+    }
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "the whole file"
+    return f"{where}: {error['msg']}; {exc.error_count()} problems in all"
