@@ -166,6 +166,13 @@ def _checks(runtime: dict[str, Any]) -> None:
             f"the shipped workspace connector is not listed (connectors: {ids}; problems: "
             f"{status['connector_problems']})"
         )
+    for name in ("console.js", "console.css", "favicon.svg"):  # the web console's files are package data
+        try:
+            with urllib.request.urlopen(f"{url}/ui/static/{name}", timeout=HTTP_TIMEOUT) as response:
+                if not response.read():
+                    raise CheckFailed(f"the console's {name} is empty")
+        except urllib.error.HTTPError as err:
+            raise CheckFailed(f"the console's {name} answered {err.code}: not in the wheel?") from None
     code, trusted = _request(f"{url}/control/connectors/workspace/trust", method="POST", token=token)
     if code != 200 or trusted.get("state") != "trusted":
         raise CheckFailed(f"trusting the shipped workspace connector answered {code}: {trusted}")

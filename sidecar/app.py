@@ -37,6 +37,7 @@ from sidecar.appkeys import (
     AUDIT,
     BILLING,
     CONNECTORS,
+    CONSOLE,
     CREDENTIALS,
     HUB,
     INFLIGHT,
@@ -57,6 +58,7 @@ from sidecar.appkeys import (
     TRUST,
     Runtime,
 )
+from sidecar.auth.console import ConsoleSignIn
 from sidecar.auth.encoding import mint_token
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
@@ -77,6 +79,7 @@ from sidecar.connectors.pool import PoolLimits
 from sidecar.connectors.proxy import Deferral
 from sidecar.connectors.service import ConnectorService
 from sidecar.connectors.watch import ConfigWatcher
+from sidecar.console import add_console_routes, console_url, is_console_path
 from sidecar.control import add_control_routes
 from sidecar.edge.endpoint import McpEndpoint
 from sidecar.edge.internal import INTERNAL_ROUTE, InternalApi
@@ -141,6 +144,7 @@ def build_app(
                 port=lambda: runtime.port,
                 allowed_origins=settings.origin_tuples(),
                 fetch_site_exempt=lambda path: path == CALLBACK_PATH,  # a browser comes back cross-site
+                own_origin_paths=is_console_path,  # the console's page calls the daemon (issue 14)
             ),
             make_auth_middleware(
                 routes=lambda: app[ROUTES],
@@ -212,6 +216,7 @@ async def _auth(app: web.Application) -> AsyncIterator[None]:
             credentials.revoke_session(session.id)
 
     sessions.subscribe(session_event)
+    app[CONSOLE] = ConsoleSignIn()  # the web console's one-time codes and browser sessions
     async with watching_owners(sessions.owned, sessions.end):
         yield
 
@@ -219,6 +224,7 @@ async def _auth(app: web.Application) -> AsyncIterator[None]:
 def _bus(registry: ToolRegistry) -> Subsystem:
     async def bus(app: web.Application) -> AsyncIterator[None]:
         settings, paths, audit, sessions = app[SETTINGS], app[PATHS], app[AUDIT], app[SESSIONS]
+        runtime = app[RUNTIME]
         app[REGISTRY] = install_builtins(registry, notes_dir=paths.data / "notes")
         approvals = app[APPROVALS] = ApprovalStore()
         approvals.subscribe(lambda approval, event: _audit_approval(audit, approval, event))
@@ -236,6 +242,7 @@ def _bus(registry: ToolRegistry) -> Subsystem:
                 auto_above=settings.tools.auto_defer_above,
             ),
             max_result_chars=settings.tools.max_result_chars,
+            console_url=lambda: console_url(runtime.port),
         )
         hub = app[HUB] = ChangeHub()
         sessions.subscribe(lambda session, event: _on_session(hub, approvals, session, event))
@@ -425,6 +432,7 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_route("*", INTERNAL_ROUTE, internal)
     add_rest_routes(app, lambda request: request.app[REST])
     add_control_routes(app)
+    add_console_routes(app)
 
 
 def billing_sources(settings: Settings, paths: Paths) -> list[ManifestSource]:

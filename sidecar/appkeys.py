@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from sidecar.auth.console import ConsoleSignIn
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.persist import StateJournal
 from sidecar.auth.process_credentials import ProcessCredentials
@@ -39,6 +40,7 @@ __all__ = [
     "AUDIT",
     "BILLING",
     "CONNECTORS",
+    "CONSOLE",
     "CREDENTIALS",
     "HUB",
     "INFLIGHT",
@@ -96,3 +98,4 @@ INTERNAL_API = web.AppKey("internal_api", InternalApi)
 MCP_ENDPOINT = web.AppKey("mcp_endpoint", McpEndpoint)
 RELAY_ENDPOINT = web.AppKey("relay_endpoint", McpEndpoint)
 REST = web.AppKey("rest", RestFacade)
+CONSOLE = web.AppKey("console", ConsoleSignIn)

@@ -31,7 +31,7 @@ from sidecar.store.files import read_private
 from sidecar.text import preview
 from sidecar.validation import render_errors
 
-__all__ = ["add_control_routes"]
+__all__ = ["add_control_routes", "connector_body", "start_sign_in", "status_body"]
 
 
 _MAX_SECRET_BYTES: Final = 4096
@@ -88,26 +88,28 @@ def _url(request: web.Request) -> str:
 
 
 async def status(request: web.Request) -> web.Response:
-    app = request.app
+    return json_response(status_body(request.app))
+
+
+def status_body(app: web.Application) -> dict[str, Any]:
+    """What ``GET /control/status`` answers (and the web console's header shows)."""
     runtime = app[RUNTIME]
     sessions = app[SESSIONS].list()
-    return json_response(
-        {
-            "version": __version__,
-            "pid": runtime.pid,
-            "url": _url(request),
-            "started_at": runtime.started_at,
-            "uptime_seconds": round(time.time() - runtime.started_at, 1),
-            "sessions": len(sessions),
-            "routes": [r.name for r in app[ROUTES].list()],
-            "connectors": [_connector(app, c) for c in app[CONNECTORS].manager.list()],
-            "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
-            "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
-            "pending_approvals": len(app[APPROVALS].list()),
-            "billing_problems": app[BILLING].problems(),
-            "trust_store_problem": app[TRUST].recheck(),
-        }
-    )
+    return {
+        "version": __version__,
+        "pid": runtime.pid,
+        "url": f"http://127.0.0.1:{runtime.port}/mcp",
+        "started_at": runtime.started_at,
+        "uptime_seconds": round(time.time() - runtime.started_at, 1),
+        "sessions": len(sessions),
+        "routes": [r.name for r in app[ROUTES].list()],
+        "connectors": [connector_body(app, c) for c in app[CONNECTORS].manager.list()],
+        "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
+        "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
+        "pending_approvals": len(app[APPROVALS].list()),
+        "billing_problems": app[BILLING].problems(),
+        "trust_store_problem": app[TRUST].recheck(),
+    }
 
 
 async def stop(request: web.Request) -> web.Response:
@@ -216,7 +218,7 @@ async def list_connectors(request: web.Request) -> web.Response:
     service.manager.refresh()
     return json_response(
         {
-            "connectors": [_connector(request.app, c) for c in service.manager.list()],
+            "connectors": [connector_body(request.app, c) for c in service.manager.list()],
             "problems": [str(p) for p in service.manager.problems],
         }
     )
@@ -225,7 +227,8 @@ async def list_connectors(request: web.Request) -> web.Response:
 async def show_connector(request: web.Request) -> web.Response:
     service = request.app[CONNECTORS]
     service.manager.refresh()
-    return json_response(_connector(request.app, service.manager.get(request.match_info["connector_id"]), detail=True))
+    connector = service.manager.get(request.match_info["connector_id"])
+    return json_response(connector_body(request.app, connector, detail=True))
 
 
 async def trust_connector(request: web.Request) -> web.Response:
@@ -246,15 +249,26 @@ async def install_connector(request: web.Request) -> web.Response:
     return json_response(connector.public(detail=True), status=201)
 
 
-def _connector(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
+def connector_body(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
     """A connector as the control API shows it, with its sign-in state (``auth``, ``auth_reason``)."""
     declared = connector.spec.launch.oauth is not None
     return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id, declared=declared)}
 
 
 async def connect_connector(request: web.Request) -> web.Response:
-    """Start (or join) a remote connector's OAuth sign-in: ``{"authorization_url", "flow", "auth"}``."""
-    app, connector_id = request.app, request.match_info["connector_id"]
+    """Start (or join) a connector's OAuth sign-in: ``{"authorization_url", "flow", "auth"}``. A package
+    with ``oauth-client.json`` may be given the user's own client (``ProviderSignIn``)."""
+    given = await _parse(request, ProviderSignIn)
+    flow = await start_sign_in(request.app, request.match_info["connector_id"], given=given)
+    return json_response(flow, headers={"Cache-Control": "no-store"})
+
+
+async def start_sign_in(
+    app: web.Application, connector_id: str, *, given: ProviderSignIn | None = None
+) -> dict[str, Any]:
+    """Start (or join) the sign-in of a trusted remote connector or package (the CLI's ``connect``, the
+    console's **Connect**): ``{"authorization_url", "flow", "auth", "auth_reason"}``."""
+    given = given or ProviderSignIn()
     app[CONNECTORS].manager.refresh()  # the config as it is now on disk, not as the watcher last saw it
     connector = app[CONNECTORS].manager.get(connector_id)
     if connector.spec.launch.transport != "http" and connector.spec.oauth is None:
@@ -264,13 +278,16 @@ async def connect_connector(request: web.Request) -> web.Response:
             f"connector {connector_id} is not trusted as configured now: sidecar connectors trust {connector_id}"
         )
     if connector.spec.oauth is not None:
-        return await _connect_provider(request, connector)
+        return await _provider_sign_in(app, connector, given)
+    if given.client_id is not None or given.client_secret_file is not None:
+        raise RequestRejected(
+            f'connector {connector_id} is a remote server: its client goes in its mcp.json entry\'s "oauth" block'
+        )
     plan = launch_plan(connector.spec, LaunchContext(origin="", authorization="", envelope="", workspace=""))
     if plan.url is None:
         raise RequestRejected(f"connector {connector_id} has no URL")
     client = await _pre_registered(connector_id, connector.spec.launch.oauth)
-    flow = await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers, client=client)
-    return json_response(flow, headers={"Cache-Control": "no-store"})
+    return await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers, client=client)
 
 
 async def _pre_registered(connector_id: str, client: OAuthClient | None) -> PreRegistered | None:
@@ -304,17 +321,16 @@ class ProviderSignIn(_Body):
     """Absolute path of a file only the user can read; its secret is kept in the credential store."""
 
 
-async def _connect_provider(request: web.Request, connector: Connector) -> web.Response:
-    app, connector_id, oauth = request.app, connector.id, connector.spec.oauth
+async def _provider_sign_in(app: web.Application, connector: Connector, given: ProviderSignIn) -> dict[str, Any]:
+    connector_id, oauth = connector.id, connector.spec.oauth
     if oauth is None:
         raise RequestRejected(f"connector {connector_id} has no oauth-client.json")
-    body = await _parse(request, ProviderSignIn)
     secret = None
-    if body.client_secret_file is not None:
-        if not body.client_secret_file.startswith("/"):
+    if given.client_secret_file is not None:
+        if not given.client_secret_file.startswith("/"):
             raise RequestRejected("client_secret_file must be an absolute path")
-        secret = await _read_secret(connector_id, Path(body.client_secret_file))
-    client_id = body.client_id
+        secret = await _read_secret(connector_id, Path(given.client_secret_file))
+    client_id = given.client_id
     if client_id is None and secret is None:  # a sign-in again: the client the user gave last time
         stored = await app[OAUTH].keeper(connector_id).storage_grant()
         if stored is not None and stored.client is not None and not oauth.get("client_id"):
@@ -323,8 +339,7 @@ async def _connect_provider(request: web.Request, connector: Connector) -> web.R
         provider = ProviderClient.of(connector_id, oauth, client_id=client_id, client_secret=secret)
     except AuthorizationRefused as exc:
         raise RequestRejected(str(exc)) from None
-    flow = await app[OAUTH].connect_provider(connector_id, provider)
-    return json_response(flow, headers={"Cache-Control": "no-store"})
+    return await app[OAUTH].connect_provider(connector_id, provider)
 
 
 async def revoke_connector(request: web.Request) -> web.Response:

@@ -32,6 +32,7 @@ LAYERS = {
     "sidecar.edge": 7,
     "sidecar.appkeys": 8,
     "sidecar.control": 9,
+    "sidecar.console": 9,
     "sidecar.service": 9,
     "sidecar.app": 10,
     "sidecar.daemon": 11,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import json
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -25,12 +26,14 @@ from sidecar.canonical import canonical_json
 from sidecar.errors import Conflict, NotFound
 from sidecar.text import preview
 
-__all__ = ["Approval", "ApprovalState", "ApprovalStore", "arguments_digest"]
+__all__ = ["Approval", "ApprovalState", "ApprovalStore", "arguments_digest", "arguments_shown"]
 
 PENDING_TTL: Final = 600
 """Seconds a pending or granted-but-unused approval lives (the MCP spec's bound on single-use state)."""
 MAX_PENDING_PER_SESSION: Final = 64
 """Pending approvals one session may hold; the oldest is dropped beyond it."""
+MAX_ARGUMENTS_SHOWN: Final = 2000
+"""Characters of an approval's arguments kept for the person deciding (the console, the control API)."""
 
 
 class ApprovalState(enum.StrEnum):
@@ -39,6 +42,16 @@ class ApprovalState(enum.StrEnum):
     DENIED = "denied"
     USED = "used"
     EXPIRED = "expired"
+
+
+def arguments_shown(arguments: Mapping[str, Any] | None) -> str:
+    """The arguments as the agent sent them, for the person who decides: JSON, escaped, bounded.
+
+    Kept in memory with the pending approval only (never in the audit log, which records shapes): the
+    person approving a call must see what it will do.
+    """
+    text = json.dumps(dict(arguments or {}), ensure_ascii=True, default=str, sort_keys=True)
+    return preview(text, MAX_ARGUMENTS_SHOWN, quote=False)
 
 
 def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
@@ -60,6 +73,8 @@ class Approval:
     created_at: float
     expires_at: float
     state: ApprovalState = ApprovalState.PENDING
+    arguments: str = "{}"
+    """``arguments_shown``: the call's arguments as JSON text, escaped and bounded."""
 
     def public(self) -> dict[str, object]:
         return {
@@ -72,6 +87,7 @@ class Approval:
             "state": self.state.value,
             "created_at": int(self.created_at),
             "expires_at": int(self.expires_at),
+            "arguments": self.arguments,
         }
 
 
@@ -92,8 +108,11 @@ class ApprovalStore:
     def subscribe(self, listener: ApprovalListener) -> None:
         self._listeners.append(listener)
 
-    def request(self, *, session_id: str, tool: str, digest: str, kind: str, group: str | None) -> Approval:
-        """The pending approval for this exact call, reusing one already waiting."""
+    def request(
+        self, *, session_id: str, tool: str, digest: str, kind: str, group: str | None, arguments: str = "{}"
+    ) -> Approval:
+        """The pending approval for this exact call, reusing one already waiting. ``arguments`` is what the
+        person deciding is shown (``arguments_shown``); the approval is bound to ``digest``."""
         now = self._clock()
         self._expire(now)
         for approval in self._approvals.values():
@@ -113,6 +132,7 @@ class ApprovalStore:
             group=group,
             created_at=now,
             expires_at=now + self._ttl,
+            arguments=arguments,
         )
         self._approvals[approval.id] = approval
         self._cap(session_id)

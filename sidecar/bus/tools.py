@@ -16,13 +16,13 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.sessions import Session, SessionStore, session_key
-from sidecar.bus.approvals import ApprovalStore, arguments_digest
+from sidecar.bus.approvals import ApprovalStore, arguments_digest, arguments_shown
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.bounds import DEFAULT_MAX_RESULT_CHARS, bound_output
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
@@ -141,8 +141,11 @@ class ToolService:
         billing: BillingCheck | None = None,
         defer: DeferPolicy | None = None,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        console_url: Callable[[], str] = lambda: "http://127.0.0.1:<port>/ui/",
     ) -> None:
-        """``max_result_chars`` bounds every result for the agent's context window (``bus/bounds.py``)."""
+        """``max_result_chars`` bounds every result for the agent's context window (``bus/bounds.py``).
+        ``console_url`` names the web console where a pending approval can be granted (issue 14 item 4:
+        the message names both ways); the port is known only once the daemon listens."""
         self._registry = registry
         self.sessions = sessions
         self._audit = audit
@@ -151,6 +154,7 @@ class ToolService:
         self._billing = billing
         self._defer = defer or DeferPolicy()
         self._max_result_chars = max_result_chars
+        self._console_url = console_url
         self._index = SearchIndex()
         self._indexed = -1
         self._indexed_tools: dict[str, ToolDef] = {}
@@ -311,11 +315,17 @@ class ToolService:
                 call.grant = "elicited"
         if call.grant is None:
             approval = self.approvals.request(
-                session_id=call.session.id, tool=tool.name, digest=digest, kind=kind, group=decision.group
+                session_id=call.session.id,
+                tool=tool.name,
+                digest=digest,
+                kind=kind,
+                group=decision.group,
+                arguments=arguments_shown(args),
             )
             remember = " (or add --remember session)" if decision.group is not None else ""
             text = (
-                f"{tool.name} needs the user's approval ({kind}). Ask the user to run "
+                f"{tool.name} needs the user's approval ({kind}). Ask the user to allow it in the sidecar console "
+                f"({self._console_url()}, opened with `sidecar ui`) or to run "
                 f"`sidecar approvals allow {approval.id}`{remember}, then call it again with the same arguments."
             )
             return CallOutcome(

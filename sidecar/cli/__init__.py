@@ -19,6 +19,7 @@ from typing import Any
 from sidecar import __version__
 from sidecar.cli.exec import add_exec_command
 from sidecar.cli.options import add_session_options, session_body
+from sidecar.cli.ui import add_ui_command
 from sidecar.errors import SidecarError
 from sidecar.paths import Paths
 
@@ -417,6 +418,7 @@ def _parser() -> argparse.ArgumentParser:
     _connector_commands(sub)
     _access_commands(sub)
     add_exec_command(sub)
+    add_ui_command(sub)
     return parser
 
 

@@ -28,6 +28,7 @@ from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorSta
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.pool import ConnectorPool, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_source
+from sidecar.connectors.snapshot import changes_since_trust, record_trusted
 from sidecar.connectors.upstream import Upstreams
 from sidecar.errors import SidecarError, ToolError
 from sidecar.names import connector_route
@@ -59,6 +60,8 @@ class ConnectorService:
         http_auth: HttpAuthSource | None = None,
     ) -> None:
         self.manager = manager
+        self._trust = trust
+        self._cache_dir = cache_dir
         self._routes = routes
         self._notify = notify
         self._registry = registry
@@ -137,6 +140,12 @@ class ConnectorService:
             body["spares"] = self.pool.spares.ready(connector.id)
         return body
 
+    def changes_since_trust(self, connector: Connector) -> list[str] | None:
+        """What differs from what the connector was last trusted as (one line per field), or None if
+        unknown; an unchanged trusted connector has none."""
+        trusted = {r.key for r in self._trust.records_named(connector.id)}
+        return changes_since_trust(self._cache_dir, connector.spec, trusted)
+
     def usable(self, session: Session) -> list[Connector]:
         """The trusted connectors this session may use (its grant and its network permission)."""
         return [c for c in self.manager.trusted() if reaches_connector(session, c.id, needs_network=c.spec.network)]
@@ -191,6 +200,7 @@ class ConnectorService:
     async def trust(self, connector_id: str) -> Connector:
         """Trust, then learn the connector's tools; a connector that fails to start is left in ``error``."""
         connector = self.manager.trust(connector_id)
+        record_trusted(self._cache_dir, connector.spec, connector.key)
         try:
             await self.tools.learn(connector)
         except SidecarError as exc:

@@ -118,6 +118,12 @@ class ChangeHub:
         while len(known) > MAX_LEGACY_PER_SESSION:
             known.popitem(last=False)
 
+    def clients(self, session_id: str) -> int:
+        """How many MCP clients of ``session_id`` are known: 2025-era transport sessions, plus one for a
+        2026-07-28 client listening for changes (the console shows it; a client that went away without
+        a DELETE is counted until a notification to it fails)."""
+        return len(self._legacy.get(session_id, ())) + (1 if session_id in self._listeners else 0)
+
     def forget_transport(self, session_id: str, transport_session_id: str) -> None:
         known = self._legacy.get(session_id)
         if known is not None:

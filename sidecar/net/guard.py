@@ -22,7 +22,7 @@ from sidecar.net.hostcheck import check_fetch_site, check_host, check_origin, ch
 from sidecar.origins import Origin
 from sidecar.text import preview
 
-__all__ = ["add_vary_origin", "make_guard_middleware"]
+__all__ = ["add_vary_origin", "make_guard_middleware", "own_origins"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,21 +34,31 @@ def make_guard_middleware(
     port: Callable[[], int],
     allowed_origins: frozenset[Origin],
     fetch_site_exempt: Callable[[str], bool] = lambda path: False,
+    own_origin_paths: Callable[[str], bool] = lambda path: False,
 ) -> Middleware:
     """Build the guard: target → Host → Origin → Sec-Fetch-Site, first failure answers, handler untouched.
 
     ``port`` returns the listening port (known only after bind; it is called per request).
     ``allowed_origins`` are exact (scheme, host, port) tuples. ``fetch_site_exempt(path)`` is true for the
     few paths a cross-site browser navigation must reach (the OAuth callback page); it relaxes only the
-    ``Sec-Fetch-Site`` check, never Host or Origin. A refusal is a JSON error from ``error_response`` that
-    says what is wrong, and one WARNING line that also names the offending value. No CORS header is ever
-    added; ``add_vary_origin`` (an ``on_response_prepare`` hook) marks every response as varying on ``Origin``.
+    ``Sec-Fetch-Site`` check, never Host or Origin. ``own_origin_paths(path)`` is true for the paths the
+    daemon's own pages call (the web console, ``/ui``): there the daemon's own origins
+    (``http://127.0.0.1:<port>``, ``localhost``, ``[::1]``) pass too, and nowhere else. A refusal is a
+    JSON error from ``error_response`` that says what is wrong, and one WARNING line that also names the
+    offending value. No CORS header is ever added; ``add_vary_origin`` (an ``on_response_prepare`` hook)
+    marks every response as varying on ``Origin``.
     """
 
     @web.middleware
     async def guard_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            _check_request(request, port=port(), allowed_origins=allowed_origins, exempt=fetch_site_exempt)
+            _check_request(
+                request,
+                port=port(),
+                allowed_origins=allowed_origins,
+                exempt=fetch_site_exempt,
+                own_origin=own_origin_paths,
+            )
         except SidecarError as err:
             # One line with the offending value (repr'd and cut by hostcheck, in ``sent``: the answer
             # itself never carries it); other headers and query strings are never logged.
@@ -60,8 +70,18 @@ def make_guard_middleware(
     return guard_middleware
 
 
+def own_origins(port: int) -> frozenset[Origin]:
+    """The daemon's own origins: its pages as a browser reaches them by any of the three loopback names."""
+    return frozenset({("http", "127.0.0.1", port), ("http", "localhost", port), ("http", "::1", port)})
+
+
 def _check_request(
-    request: web.Request, *, port: int, allowed_origins: frozenset[Origin], exempt: Callable[[str], bool]
+    request: web.Request,
+    *,
+    port: int,
+    allowed_origins: frozenset[Origin],
+    exempt: Callable[[str], bool],
+    own_origin: Callable[[str], bool],
 ) -> None:
     """Run the four checks in order on the raw target and raw header values."""
     # SECURITY: raw_path is the verbatim request target; request.path/url/host are derived from an
@@ -69,8 +89,11 @@ def _check_request(
     check_target(request.raw_path)
     # SECURITY: every raw Host value, never request.host (socket-address fallback when Host is absent).
     check_host(request.headers.getall(hdrs.HOST, []), port=port)
-    # SECURITY: Origin is checked even on requests that carry a valid bearer token (unlike Jupyter).
-    check_origin(request.headers.getall(hdrs.ORIGIN, []), allowed=allowed_origins)
+    # SECURITY: Origin is checked even on requests that carry a valid bearer token (unlike Jupyter). The
+    # daemon's own origin passes only where its own pages call it (the console, which then wants its
+    # cookie, its CSRF token and that very origin for every change); never on /mcp or /control.
+    allowed = allowed_origins | own_origins(port) if own_origin(request.path) else allowed_origins
+    check_origin(request.headers.getall(hdrs.ORIGIN, []), allowed=allowed)
     # The target is origin-form by now, so request.path is the path the router will match.
     if not exempt(request.path):
         check_fetch_site(request.headers.getall(_SEC_FETCH_SITE, []))

@@ -255,6 +255,10 @@ class TrustStore:
     def record(self, key: str) -> TrustRecord | None:
         return self._records.get(key)
 
+    def records_named(self, name: str) -> list[TrustRecord]:
+        """The keys trusted under one connector name (what it was trusted as, whatever it is now)."""
+        return [r for r in self._records.values() if r.name == name]
+
     def names(self) -> list[str]:
         """Every trusted connector name, sorted."""
         return sorted({r.name for r in self._records.values()})

@@ -1,0 +1,294 @@
+"""The web console's routes: sign-in, its page and static files, and the small JSON API the page calls.
+
+Sign-in (issue 14 item 1): ``sidecar ui`` mints a one-time code through the control API
+(``POST /control/console/code``, control token) and opens ``/ui/signin?code=…``; that exchange spends
+the code and answers ``303 /ui/`` with the console cookie, so the code leaves the address bar at once.
+
+Every ``/ui/api/`` request needs the cookie *and* the CSRF token (header ``X-Sidecar-CSRF``, which only
+the console's own page can read from its HTML); every request that changes something also needs the
+daemon's own ``Origin``. The network guard lets the daemon's own origin through on ``/ui`` only (and
+keeps refusing ``Sec-Fetch-Site: same-site`` pages, such as another loopback port's). Every ``/ui``
+answer carries a strict Content-Security-Policy (scripts, styles and fetches from this origin only, no
+inline script, no frames), ``X-Frame-Options: DENY`` and ``Referrer-Policy: no-referrer``.
+
+The actions are the control API's own: the connector service, the approval store, the session store,
+``start_sign_in`` and the OAuth broker's ``revoke``; nothing is reimplemented here.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from importlib import resources
+from typing import Any, Final
+
+from aiohttp import hdrs, web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sidecar.appkeys import APPROVALS, AUDIT, CONNECTORS, CONSOLE, OAUTH, RUNTIME, SESSIONS, SETTINGS
+from sidecar.auth.console import CODE_TTL, SESSION_TTL, ConsoleSession, cookie_name
+from sidecar.console.views import audit_view, connector_view, overview
+from sidecar.control import connector_body, start_sign_in
+from sidecar.errors import Forbidden, NotFound, RequestRejected, Unauthorized, UnsupportedMediaType
+from sidecar.http import json_response
+from sidecar.net.body import read_json
+from sidecar.net.guard import own_origins
+from sidecar.oauth.flow import check_authorization_url
+from sidecar.origins import parse_origin
+from sidecar.validation import render_errors
+
+__all__ = ["CSRF_HEADER", "UI_PREFIX", "add_console_routes", "console_url", "is_console_path"]
+
+logger = logging.getLogger(__name__)
+
+UI_PREFIX: Final = "/ui"
+CSRF_HEADER: Final = "X-Sidecar-CSRF"
+CONTENT_SECURITY_POLICY: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+"""No inline script or style, nothing from another origin, never framed (issue 14 item 1)."""
+_PAGE_HEADERS: Final = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+_STATIC: Final = {
+    "console.js": "text/javascript",
+    "console.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
+"""The files under ``console/static/`` the daemon serves, and their types; nothing else is served."""
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD"})
+
+
+def is_console_path(path: str) -> bool:
+    """``/ui`` and below: where the daemon's own origin may call it (``net/guard``)."""
+    return path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+
+
+def console_url(port: int) -> str:
+    """Where the console is (signed in already, or ``sidecar ui`` to sign in)."""
+    return f"http://127.0.0.1:{port}{UI_PREFIX}/"
+
+
+def _static(name: str) -> bytes:
+    return resources.files("sidecar.console").joinpath("static", name).read_bytes()
+
+
+# --- who is asking ---------------------------------------------------------------------------------
+
+
+def _session_of(request: web.Request) -> ConsoleSession | None:
+    return request.app[CONSOLE].session(request.cookies.get(cookie_name(request.app[RUNTIME].port)))
+
+
+def _check_api(request: web.Request) -> ConsoleSession:
+    """Cookie, CSRF token and, for a change, the daemon's own Origin; else 401/403 before anything runs."""
+    session = _session_of(request)
+    if session is None:
+        raise Unauthorized("not signed in to the console (or signed out): run sidecar ui")
+    # SECURITY: a page elsewhere on loopback may be sent the cookie (cookies ignore ports); it cannot
+    # read the token out of the console's page, nor send a custom header cross-origin without CORS.
+    if not session.csrf_matches(request.headers.get(CSRF_HEADER)):
+        raise Forbidden(f"missing or wrong {CSRF_HEADER} token: reload the console")
+    if request.method not in _SAFE_METHODS:
+        origins = request.headers.getall(hdrs.ORIGIN, [])
+        try:
+            origin = parse_origin(origins[0]) if len(origins) == 1 else None
+        except ValueError:
+            origin = None
+        # SECURITY: a change needs the daemon's own origin, present: not merely an origin the guard allows.
+        if origin not in own_origins(request.app[RUNTIME].port):
+            raise Forbidden("a console change must come from the console's own page (Origin)")
+        # SECURITY: no HTML form can send JSON; the page always does (defence in depth behind the above).
+        if request.content_type != "application/json":
+            raise UnsupportedMediaType("a console change is a JSON request (Content-Type: application/json)")
+    return session
+
+
+async def _body(request: web.Request, model: type[BaseModel]) -> Any:
+    _, data = await read_json(request, request.app[SETTINGS].limits, empty=b"{}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestRejected(render_errors(exc, source="body")) from None
+
+
+class _Allow(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    remember: str | None = Field(default=None, pattern="^session$")
+
+
+# --- sign-in and the page --------------------------------------------------------------------------
+
+
+async def mint_code(request: web.Request) -> web.Response:
+    """``POST /control/console/code`` (control token): a one-time sign-in link, valid 60 s, once."""
+    app = request.app
+    code = app[CONSOLE].mint_code()
+    app[AUDIT].append("console.code")
+    url = f"{console_url(app[RUNTIME].port)}signin?code={code}"
+    return json_response({"url": url, "expires_in": int(CODE_TTL)}, headers={"Cache-Control": "no-store"})
+
+
+async def signin(request: web.Request) -> web.Response:
+    """Spend the one-time code; set the cookie and drop the code from the address bar (303)."""
+    app = request.app
+    exchanged = app[CONSOLE].exchange(request.query.get("code"))
+    if exchanged is None:
+        app[AUDIT].append("console.signin_refused")
+        return _page(
+            "Sign-in link not valid",
+            "This sign-in link was used already or has expired (links live 60 seconds and work once). "
+            "Run sidecar ui again for a new one.",
+            status=403,
+        )
+    cookie, _ = exchanged
+    app[AUDIT].append("console.signin")
+    response = web.Response(status=303, headers={hdrs.LOCATION: f"{UI_PREFIX}/"})
+    # SECURITY: HttpOnly (no script reads it), SameSite=Strict, Path=/ui; no Secure on plain loopback
+    # HTTP (the browser would drop it). Its name carries the port: cookies ignore ports.
+    response.set_cookie(
+        cookie_name(app[RUNTIME].port),
+        cookie,
+        max_age=int(SESSION_TTL),
+        path=UI_PREFIX,
+        httponly=True,
+        samesite="Strict",
+    )
+    return response
+
+
+async def signout(request: web.Request) -> web.Response:
+    _check_api(request)
+    app = request.app
+    name = cookie_name(app[RUNTIME].port)
+    app[CONSOLE].sign_out(request.cookies.get(name))
+    response = json_response({"signed_out": True})
+    response.del_cookie(name, path=UI_PREFIX)
+    return response
+
+
+async def index(request: web.Request) -> web.Response:
+    session = _session_of(request)
+    if session is None:
+        return _page(
+            "sidecar console",
+            "You are not signed in. Run sidecar ui in a terminal: it opens this console with a one-time link.",
+            status=401,
+        )
+    page = _static("index.html").decode("utf-8").replace("{{csrf}}", html.escape(session.csrf))
+    return web.Response(text=page, content_type="text/html", charset="utf-8")
+
+
+async def redirect_index(request: web.Request) -> web.Response:
+    return web.Response(status=303, headers={hdrs.LOCATION: f"{UI_PREFIX}/"})
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    content_type = _STATIC.get(name)
+    if content_type is None:
+        raise NotFound("no such console file")
+    return web.Response(body=_static(name), content_type=content_type)
+
+
+def _page(title: str, message: str, *, status: int) -> web.Response:
+    """A plain page for the browser (no script): the sign-in refusal, the signed-out console."""
+    body = (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<title>{html.escape(title)}</title><link rel="stylesheet" href="{UI_PREFIX}/static/console.css">'
+        f'<link rel="icon" href="{UI_PREFIX}/static/favicon.svg"></head>'
+        f'<body><main class="notice"><h1>{html.escape(title)}</h1><p>{html.escape(message)}</p></main></body></html>\n'
+    )
+    return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+
+
+# --- the API the page calls ------------------------------------------------------------------------
+
+
+async def api_overview(request: web.Request) -> web.Response:
+    _check_api(request)
+    return json_response(overview(request.app))
+
+
+async def api_connector(request: web.Request) -> web.Response:
+    _check_api(request)
+    return json_response(await connector_view(request.app, request.match_info["connector_id"]))
+
+
+async def api_audit(request: web.Request) -> web.Response:
+    _check_api(request)
+    query = request.query
+    found = await audit_view(request.app, session=query.get("session") or None, tool=query.get("tool") or None)
+    return json_response(found)
+
+
+async def api_connector_action(request: web.Request) -> web.Response:
+    _check_api(request)
+    app, connector_id, action = request.app, request.match_info["connector_id"], request.match_info["action"]
+    service = app[CONNECTORS]
+    if action == "trust":
+        service.manager.refresh()  # what the user saw in the Trust view is what is on disk now
+        connector = await service.trust(connector_id)
+        return json_response(connector_body(app, connector, detail=True))
+    if action == "untrust":
+        connector = await service.untrust(connector_id)
+        return json_response(connector_body(app, connector, detail=True))
+    if action == "connect":
+        flow = await start_sign_in(app, connector_id)
+        if flow.get("authorization_url") is not None:
+            # SECURITY: the page opens it: only https (or loopback http), never javascript: or data:.
+            check_authorization_url(str(flow["authorization_url"]))
+        return json_response(flow, headers={"Cache-Control": "no-store"})
+    if action == "revoke":
+        service.manager.get(connector_id)  # 404 for an unknown id
+        return json_response(await app[OAUTH].revoke(connector_id))
+    raise NotFound("no such connector action")
+
+
+async def api_approval_allow(request: web.Request) -> web.Response:
+    _check_api(request)
+    grant = await _body(request, _Allow)
+    approval = request.app[APPROVALS].allow(request.match_info["approval_id"], remember=grant.remember == "session")
+    return json_response(approval.public())
+
+
+async def api_approval_deny(request: web.Request) -> web.Response:
+    _check_api(request)
+    return json_response(request.app[APPROVALS].deny(request.match_info["approval_id"]).public())
+
+
+async def api_session_end(request: web.Request) -> web.Response:
+    _check_api(request)
+    aborted = request.app[SESSIONS].end(request.match_info["session_id"])
+    return json_response({"ended": True, "aborted": aborted})
+
+
+async def _console_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """``on_response_prepare``: every ``/ui`` answer, errors included, gets the page headers."""
+    if is_console_path(request.path):
+        for name, value in _PAGE_HEADERS.items():
+            response.headers[name] = value
+        response.headers.setdefault("Cache-Control", "no-store")
+
+
+def add_console_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/control/console/code", mint_code)
+    r.add_get(UI_PREFIX, redirect_index)
+    r.add_get(f"{UI_PREFIX}/", index)
+    r.add_get(f"{UI_PREFIX}/signin", signin)
+    r.add_post(f"{UI_PREFIX}/signout", signout)
+    r.add_get(f"{UI_PREFIX}/static/{{name}}", static)
+    r.add_get(f"{UI_PREFIX}/api/overview", api_overview)
+    r.add_get(f"{UI_PREFIX}/api/audit", api_audit)
+    r.add_get(f"{UI_PREFIX}/api/connectors/{{connector_id}}", api_connector)
+    r.add_post(f"{UI_PREFIX}/api/connectors/{{connector_id}}/{{action}}", api_connector_action)
+    r.add_post(f"{UI_PREFIX}/api/approvals/{{approval_id}}/allow", api_approval_allow)
+    r.add_post(f"{UI_PREFIX}/api/approvals/{{approval_id}}/deny", api_approval_deny)
+    r.add_post(f"{UI_PREFIX}/api/sessions/{{session_id}}/end", api_session_end)
+    app.on_response_prepare.append(_console_headers)
