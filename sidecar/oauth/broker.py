@@ -34,14 +34,13 @@ import anyio.to_thread
 import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull
-from pydantic import AnyUrl
+from mcp.shared.auth import AuthorizationCodeResult
 
 from sidecar.errors import Conflict, StorageError, find_error
 from sidecar.oauth.flow import AuthorizationRefused, build_provider, s256_guard
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
 from sidecar.oauth.provider import ProviderClient, sign_in
-from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
+from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant, registered_client
 from sidecar.store.credentials import CredentialStore
 from sidecar.text import preview
 
@@ -212,10 +211,16 @@ class Broker:
 
     async def _run_provider(self, flow: _Flow, keeper: GrantKeeper, provider: ProviderClient) -> None:
         storage = CredentialTokenStorage(self.store, connector=flow.connector_id, account=ACCOUNT)
+        driver = _CallbackDriver(self, flow)
+        await self._settle(
+            flow, keeper, sign_in(provider, storage=storage, driver=driver, redirect_uri=self._redirect_uri())
+        )
+
+    async def _settle(self, flow: _Flow, keeper: GrantKeeper, sign_in_done: Awaitable[object]) -> None:
+        """Run a flow's sign-in within ``FLOW_TIMEOUT``, then record how it ended and end the flow."""
         try:
             async with asyncio.timeout(FLOW_TIMEOUT):
-                driver = _CallbackDriver(self, flow)
-                await sign_in(provider, storage=storage, driver=driver, redirect_uri=self._redirect_uri())
+                await sign_in_done
         except BaseException as exc:
             self._failed(flow, keeper, exc)
             if not isinstance(exc, Exception):
@@ -249,24 +254,18 @@ class Broker:
             extra_scope=extra_scope,
         )
         hooks = {"request": [s256_guard(provider)]}
-        try:
+
+        async def initialize() -> None:
             if client is not None and not client.metadata_document:
                 await _seed_client(storage, client, redirect_uri)
             async with (
-                asyncio.timeout(FLOW_TIMEOUT),
                 httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT, event_hooks=hooks) as http,
                 streamable_http_client(url, http_client=http) as (read, write),
                 ClientSession(read, write) as session,
             ):
                 await session.initialize()
-        except BaseException as exc:
-            self._failed(flow, keeper, exc)
-            if not isinstance(exc, Exception):
-                raise
-        else:
-            await self._succeeded(flow, keeper)
-        finally:
-            self._finish(flow)
+
+        await self._settle(flow, keeper, initialize())
 
     async def _succeeded(self, flow: _Flow, keeper: GrantKeeper) -> None:
         cid = flow.connector_id
@@ -432,15 +431,7 @@ async def _seed_client(storage: CredentialTokenStorage, client: PreRegistered, r
     if current is not None and current.client_id == client.client_id and current.client_secret == client.client_secret:
         return
     await storage.set_client_info(
-        OAuthClientInformationFull(
-            client_id=client.client_id,
-            client_secret=client.client_secret,
-            redirect_uris=[AnyUrl(redirect_uri)],
-            token_endpoint_auth_method="client_secret_basic" if client.client_secret else "none",
-            grant_types=["authorization_code", "refresh_token"],
-            response_types=["code"],
-            scope=" ".join(client.scopes) or None,
-        )
+        registered_client(client.client_id, client.client_secret, redirect_uri=redirect_uri, scopes=client.scopes)
     )
 
 

@@ -26,13 +26,13 @@ from typing import Any, Final
 from urllib.parse import urlencode, urlsplit
 
 import httpx2
-from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken
+from mcp.shared.auth import OAuthMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
 from sidecar.errors import AuthorizationRefused
 from sidecar.oauth.flow import PKCE_METHOD, AuthorizationDriver, check_authorization_url, require_s256
 from sidecar.oauth.grant import client_auth
-from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
+from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant, registered_client
 
 __all__ = ["ProviderClient", "discover", "sign_in"]
 
@@ -189,15 +189,8 @@ async def sign_in(
             raise AuthorizationRefused("the authorization response carries another state; refused")
         _check_iss(metadata, result.iss)
         issuer = str(metadata.issuer)
-        client = OAuthClientInformationFull(
-            client_id=provider.client_id,
-            client_secret=provider.client_secret,
-            redirect_uris=[AnyUrl(redirect_uri)],
-            token_endpoint_auth_method="client_secret_basic" if provider.client_secret else "none",
-            grant_types=["authorization_code", "refresh_token"],
-            response_types=["code"],
-            scope=" ".join(provider.scopes) or None,
-            issuer=issuer,
+        client = registered_client(
+            provider.client_id, provider.client_secret, redirect_uri=redirect_uri, scopes=provider.scopes, issuer=issuer
         )
         form = {"grant_type": "authorization_code", "code": result.code, "redirect_uri": redirect_uri}
         if verifier is not None:

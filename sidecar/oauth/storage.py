@@ -31,15 +31,37 @@ from urllib.parse import urlsplit
 import anyio.to_thread
 from mcp.client.auth.oauth2 import OAuthContext
 from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AnyUrl, BaseModel, ConfigDict, ValidationError
 
 from sidecar.errors import StorageError
 from sidecar.oauth.sdk_context import Discovered, discovered, restore
 from sidecar.store.credentials import CredentialStore, RecordId
 
-__all__ = ["CredentialTokenStorage", "StoredGrant"]
+__all__ = ["CredentialTokenStorage", "StoredGrant", "registered_client"]
 
 logger = logging.getLogger(__name__)
+
+
+def registered_client(
+    client_id: str,
+    secret: str | None,
+    *,
+    redirect_uri: str,
+    scopes: tuple[str, ...] | list[str] = (),
+    issuer: str | None = None,
+) -> OAuthClientInformationFull:
+    """The record of a client the user registered beforehand: confidential (HTTP Basic) with a secret,
+    public without; authorization code with refresh; the daemon's own redirect URI."""
+    return OAuthClientInformationFull(
+        client_id=client_id,
+        client_secret=secret,
+        redirect_uris=[AnyUrl(redirect_uri)],
+        token_endpoint_auth_method="client_secret_basic" if secret else "none",
+        grant_types=["authorization_code", "refresh_token"],
+        response_types=["code"],
+        scope=" ".join(scopes) or None,
+        issuer=issuer,
+    )
 
 
 class StoredGrant(BaseModel):
