@@ -83,6 +83,7 @@ class ConnectorService:
             start_timeout=limits.start_timeout,
             check_caps=self.pool.check_caps,
             admit=manager.admit,
+            give_way=self.pool.spares.make_room,
             per_session=limits.per_session,
             idle_seconds=limits.idle_seconds,
             failures=self.failures,

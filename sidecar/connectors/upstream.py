@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final, Protocol
 
 import anyio
@@ -304,19 +304,22 @@ class Upstreams:
         start_timeout: float,
         check_caps: Callable[[str], None],
         admit: Callable[[ConnectorSpec], None],
+        give_way: Callable[[str], Awaitable[None]] | None = None,
         per_session: int = 4,
         idle_seconds: float = 900.0,
         failures: FailureLog | None = None,
         http_auth: HttpAuthSource | None = None,
     ) -> None:
         """``failures`` keeps each connector's last failed process (its reason and stderr) for ``connectors show``;
-        ``http_auth`` authenticates remote (Streamable HTTP) connectors, as it does the pool's."""
+        ``http_auth`` authenticates remote (Streamable HTTP) connectors, as it does the pool's;
+        ``give_way`` stops a warm spare of the pool's when one holds the place a connection needs."""
         self._context = context
         self._http_auth = http_auth
         self._admit = admit
         self._failures = failures if failures is not None else FailureLog()
         self._start_timeout = start_timeout
         self._check_caps = check_caps
+        self._give_way = give_way
         self._per_session = per_session
         self._idle_seconds = idle_seconds
         self._open: dict[Upstream, tuple[str, str]] = {}
@@ -362,7 +365,10 @@ class Upstreams:
         return upstream
 
     async def _make_room(self, session_id: str, connector_id: str) -> None:
-        """Close this session's least recently used idle connections until one more fits every cap."""
+        """A warm spare gives way first (it serves nobody yet); then this session's least recently used
+        idle connections close until one more fits every cap."""
+        if self._give_way is not None:
+            await self._give_way(connector_id)
         while True:
             mine = [u for u, (sid, cid) in self._open.items() if sid == session_id and cid == connector_id]
             try:

@@ -307,3 +307,19 @@ async def test_the_setting_shares_every_eligible_connector(workspace: Path, tmp_
         two = await daemon.new_session(mode="bypass", allow=TOOLS)
         assert await _whoami(one, "a") == await _whoami(two, "b")
         assert await _whoami(one, "a", "other") != await _whoami(two, "b", "other")
+
+
+@pytest.mark.slow
+async def test_a_spare_gives_way_to_a_connection_on_the_connectors_own_route(workspace: Path, tmp_path: Path) -> None:
+    async with _daemon(workspace, {"pid": _entry(tmp_path)}, max_per_connector=3, max_total=3) as daemon:
+        first = await daemon.new_session(mode="bypass", allow=TOOLS)
+        await _whoami(first, "a")
+        await _until_spares(daemon, "pid", 1)  # the process and its spare; one place left
+        spare = _connector_pids("pid_server.py") - {await _whoami(first, "again")}
+        assert len(spare) == 1
+        relayed = [await daemon.new_session(mode="bypass", connector="pid") for _ in range(2)]
+        async with mcp_client(relayed[0]) as one, mcp_client(relayed[1]) as two:  # the second needs the spare's place
+            for client, say in ((one, "r1"), (two, "r2")):
+                answer = await client.call_tool("whoami", {"say": say})
+                assert not answer.is_error and json.loads(tool_text(answer))["say"] == say, answer
+            assert _gone(next(iter(spare)))
