@@ -31,7 +31,7 @@ from sidecar.store.files import read_private
 from sidecar.text import preview
 from sidecar.validation import render_errors
 
-__all__ = ["add_control_routes", "connector_body", "start_sign_in", "status_body"]
+__all__ = ["add_control_routes", "connector_body", "start_sign_in", "status_body", "status_header"]
 
 
 _MAX_SECRET_BYTES: Final = 4096
@@ -83,32 +83,43 @@ async def _parse(request: web.Request, model: type[_B]) -> _B:
         raise RequestRejected(render_errors(exc, source="body")) from None
 
 
-def _url(request: web.Request) -> str:
-    return f"http://127.0.0.1:{request.app[RUNTIME].port}/mcp"
+def _url(app: web.Application) -> str:
+    return f"http://127.0.0.1:{app[RUNTIME].port}/mcp"
 
 
 async def status(request: web.Request) -> web.Response:
     return json_response(status_body(request.app))
 
 
-def status_body(app: web.Application) -> dict[str, Any]:
-    """What ``GET /control/status`` answers (and the web console's header shows)."""
+def status_header(app: web.Application) -> dict[str, Any]:
+    """The daemon itself: version, pid, url, uptime, storage security, billing and trust-store problems
+    (what the web console's header shows on every poll, without the per-connector work of the rest)."""
     runtime = app[RUNTIME]
-    sessions = app[SESSIONS].list()
     return {
         "version": __version__,
         "pid": runtime.pid,
-        "url": f"http://127.0.0.1:{runtime.port}/mcp",
+        "url": _url(app),
         "started_at": runtime.started_at,
         "uptime_seconds": round(time.time() - runtime.started_at, 1),
-        "sessions": len(sessions),
+        "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
+        "billing_problems": app[BILLING].problems(),
+        "trust_store_problem": app[TRUST].recheck(),
+    }
+
+
+def status_body(app: web.Application) -> dict[str, Any]:
+    """What ``GET /control/status`` answers: the header, then sessions, routes, connectors, approvals."""
+    header = status_header(app)
+    return {
+        **{key: header[key] for key in ("version", "pid", "url", "started_at", "uptime_seconds")},
+        "sessions": len(app[SESSIONS].list()),
         "routes": [r.name for r in app[ROUTES].list()],
         "connectors": [connector_body(app, c) for c in app[CONNECTORS].manager.list()],
         "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
-        "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
+        "storage": header["storage"],
         "pending_approvals": len(app[APPROVALS].list()),
-        "billing_problems": app[BILLING].problems(),
-        "trust_store_problem": app[TRUST].recheck(),
+        "billing_problems": header["billing_problems"],
+        "trust_store_problem": header["trust_store_problem"],
     }
 
 
@@ -133,7 +144,7 @@ async def create_session(request: web.Request) -> web.Response:
         ttl=spec.ttl,
         owner=owner,
     )
-    url = _url(request)
+    url = _url(request.app)
     route = PROXY_ROUTE
     if spec.connector is not None:
         route = connector_route(spec.connector)

@@ -14,15 +14,12 @@ image holds no usable code or cookie. Everything lives in memory: a restart sign
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from sidecar.auth.encoding import b64url_encode
+from sidecar.auth.encoding import mint_token, token_digest, tokens_equal
 
 __all__ = ["CODE_TTL", "SESSION_TTL", "ConsoleSession", "ConsoleSignIn", "cookie_name"]
 
@@ -44,7 +41,11 @@ def cookie_name(port: int) -> str:
 
 
 def _digest(value: str) -> bytes:
-    return hashlib.sha256(value.encode("ascii", "replace")).digest()
+    """The dict key of a code or cookie value; a non-ASCII one (never minted) keys nothing that exists."""
+    try:
+        return token_digest(value)
+    except ValueError:
+        return b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,8 @@ class ConsoleSession:
     expires_at: float
 
     def csrf_matches(self, presented: str | None) -> bool:
-        # SECURITY: constant-time comparison of ASCII bytes (compare_digest raises on non-ASCII str).
-        if presented is None or not presented.isascii() or len(presented) > _MAX_PRESENTED:
-            return False
-        return hmac.compare_digest(presented.encode("ascii"), self.csrf.encode("ascii"))
+        # SECURITY: constant-time comparison (tokens_equal: False for non-ASCII, never a TypeError).
+        return presented is not None and len(presented) <= _MAX_PRESENTED and tokens_equal(presented, self.csrf)
 
 
 class ConsoleSignIn:
@@ -73,7 +72,7 @@ class ConsoleSignIn:
         """A fresh one-time code, valid for ``CODE_TTL`` seconds and one exchange."""
         now = self._clock()
         self._prune(now)
-        code = b64url_encode(secrets.token_bytes(32))
+        code = mint_token()
         self._codes[_digest(code)] = now + CODE_TTL
         while len(self._codes) > MAX_CODES:
             del self._codes[next(iter(self._codes))]
@@ -88,8 +87,8 @@ class ConsoleSignIn:
         expires = self._codes.pop(_digest(code), None)
         if expires is None or expires <= now:
             return None
-        cookie = b64url_encode(secrets.token_bytes(32))
-        session = ConsoleSession(csrf=b64url_encode(secrets.token_bytes(32)), expires_at=now + SESSION_TTL)
+        cookie = mint_token()
+        session = ConsoleSession(csrf=mint_token(), expires_at=now + SESSION_TTL)
         self._prune(now)
         self._sessions[_digest(cookie)] = session
         while len(self._sessions) > MAX_SESSIONS:

@@ -20,7 +20,7 @@ from sidecar.auth.sessions import SessionStore
 from sidecar.errors import Unauthorized
 from sidecar.names import PROXY_ROUTE, connector_route
 
-__all__ = ["PRINCIPAL", "bearer_token", "make_auth_middleware", "route_for_path"]
+__all__ = ["PRINCIPAL", "bearer_token", "make_auth_middleware", "route_for_path", "session_envelope"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,12 @@ def bearer_token(request: web.Request) -> str | None:
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("use Authorization: Bearer <token>")
     return token.strip()
+
+
+def session_envelope(request: web.Request) -> str | None:
+    """The single ``X-Sidecar-Context`` header's value, or None (none, or more than one: no session)."""
+    contexts = request.headers.getall(CONTEXT_HEADER, [])
+    return contexts[0] if len(contexts) == 1 else None
 
 
 def route_for_path(path: str) -> str | None:
@@ -73,8 +79,7 @@ def make_auth_middleware(
         if route_name is None:
             return await handler(request)
         match = routes().authenticate(route_name, bearer_token(request))
-        contexts = request.headers.getall(CONTEXT_HEADER, [])
-        session = sessions().verify(contexts[0] if len(contexts) == 1 else None)
+        session = sessions().verify(session_envelope(request))
         request[PRINCIPAL] = Principal(route=match.name, generation=match.generation, session_id=session.id)
         return await handler(request)
 

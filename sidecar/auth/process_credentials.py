@@ -18,14 +18,12 @@ to the launcher once and never stored, logged or written here.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sidecar.auth.encoding import mint_token
+from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.auth.inflight import InflightTracker
 from sidecar.errors import Unauthorized
 
@@ -64,7 +62,7 @@ class ProcessCredentials:
 
         ``release`` revokes it; the launcher calls it when the process exits."""
         token = mint_token()
-        digest = hashlib.sha256(token.encode("ascii")).digest()
+        digest = token_digest(token)
         credential = ProcessCredential(connector_id, session_id, digest)
         self._by_digest[digest] = credential
         return token, lambda: self.revoke(credential)
@@ -74,17 +72,13 @@ class ProcessCredentials:
         if not token:
             raise Unauthorized("the internal API needs Authorization: Bearer <this process's credential>")
         try:
-            digest = hashlib.sha256(token.encode("ascii")).digest()
-        except UnicodeEncodeError:
+            digest = token_digest(token)
+        except ValueError:
             raise Unauthorized("not a valid internal API credential") from None
+        # SECURITY: found by its SHA-256 digest (a revoked one is no longer there), so lookup timing says
+        # nothing about the token; a credential of another connector is as good as none.
         credential = self._by_digest.get(digest)
-        # SECURITY: constant-time on the digest; a credential of another connector is as good as none.
-        if (
-            credential is None
-            or credential.revoked
-            or not hmac.compare_digest(credential.digest, digest)
-            or credential.connector_id != connector_id
-        ):
+        if credential is None or credential.connector_id != connector_id:
             raise Unauthorized("not a valid internal API credential for this connector")
         return credential
 

@@ -13,6 +13,7 @@ or unregistering a route ends its carried tokens with its current one, and the j
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 import time
@@ -169,15 +170,9 @@ class RouteRegistry:
         and not yet expired); else raise ``Unauthorized``."""
         route = self._routes.get(name)
         if route is not None and route.carried and presented is not None:
-            now = self._clock()
-            # SECURITY: every carried digest is compared, in constant time, whichever matches.
-            matched = [
-                generation
-                for digest, (generation, until) in route.carried.items()
-                if _matches(presented, digest) and until > now
-            ]
-            if matched:
-                return RouteMatch(route.name, matched[0])
+            matched = _carried_match(route.carried, presented, self._clock())
+            if matched is not None:
+                return RouteMatch(route.name, matched)
         # SECURITY: an unknown route compares against a dummy digest, so timing does not tell registered
         # names apart.
         expected = route.digest if route is not None else _NO_ROUTE_DIGEST
@@ -214,12 +209,19 @@ class RouteRegistry:
             self._on_event(name, event)
 
 
-def _matches(presented: str, digest: bytes) -> bool:
+def _carried_match(carried: Mapping[bytes, tuple[int, float]], presented: str, now: float) -> int | None:
+    """The generation of the unexpired carried token ``presented`` is, or None. The token is hashed once;
+    SECURITY: every carried digest is compared, in constant time, whichever matches."""
     try:
-        check_token(presented, digest, what="bearer token")
-    except Unauthorized:
-        return False
-    return True
+        digest = token_digest(presented)
+    except ValueError:  # not ASCII: never a minted token
+        return None
+    matched = [
+        generation
+        for known, (generation, until) in carried.items()
+        if hmac.compare_digest(known, digest) and until > now
+    ]
+    return matched[0] if matched else None
 
 
 def _no_route(name: str) -> str:

@@ -43,7 +43,7 @@ from sidecar.connectors.launch import (
 )
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
-from sidecar.errors import ToolError
+from sidecar.errors import ToolError, find_error
 from sidecar.text import preview
 
 __all__ = ["Sink", "Upstream", "Upstreams"]
@@ -223,7 +223,7 @@ class Upstream:
         except Exception as exc:
             reason = (self._process.exit_reason if self._process else None) or f"{type(exc).__name__}: {exc}"
             reason = preview(reason, 200, quote=False)
-            refused = _first_tool_error(exc)  # the auth's own verdict (a sign-in is needed) is the reason
+            refused = find_error(exc, ToolError)  # the auth's own verdict (a sign-in is needed) is the reason
             if refused is not None:
                 reason = str(refused)
             if not ready.done():
@@ -270,18 +270,6 @@ class Upstream:
         self._process = process
         async with process, process.transport() as streams:
             yield streams
-
-
-def _first_tool_error(exc: BaseException) -> ToolError | None:
-    """The first ``ToolError`` in ``exc`` or (anyio task groups wrap) the groups inside it."""
-    if isinstance(exc, ToolError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _first_tool_error(inner)
-            if found is not None:
-                return found
-    return None
 
 
 class Upstreams:

@@ -20,22 +20,20 @@ from __future__ import annotations
 import html
 import logging
 from importlib import resources
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import hdrs, web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sidecar.appkeys import APPROVALS, AUDIT, CONNECTORS, CONSOLE, OAUTH, RUNTIME, SESSIONS, SETTINGS
+from sidecar import control
+from sidecar.appkeys import AUDIT, CONNECTORS, CONSOLE, RUNTIME
 from sidecar.auth.console import CODE_TTL, SESSION_TTL, ConsoleSession, cookie_name
 from sidecar.console.views import audit_view, connector_view, overview
 from sidecar.control import connector_body, start_sign_in
-from sidecar.errors import Forbidden, NotFound, RequestRejected, Unauthorized, UnsupportedMediaType
+from sidecar.errors import Forbidden, NotFound, Unauthorized, UnsupportedMediaType
 from sidecar.http import json_response
-from sidecar.net.body import read_json
 from sidecar.net.guard import own_origins
 from sidecar.oauth.flow import check_authorization_url
 from sidecar.origins import parse_origin
-from sidecar.validation import render_errors
 
 __all__ = ["CSRF_HEADER", "UI_PREFIX", "add_console_routes", "console_url", "is_console_path"]
 
@@ -107,19 +105,6 @@ def _check_api(request: web.Request) -> ConsoleSession:
         if request.content_type != "application/json":
             raise UnsupportedMediaType("a console change is a JSON request (Content-Type: application/json)")
     return session
-
-
-async def _body(request: web.Request, model: type[BaseModel]) -> Any:
-    _, data = await read_json(request, request.app[SETTINGS].limits, empty=b"{}")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise RequestRejected(render_errors(exc, source="body")) from None
-
-
-class _Allow(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    remember: str | None = Field(default=None, pattern="^session$")
 
 
 # --- sign-in and the page --------------------------------------------------------------------------
@@ -245,27 +230,23 @@ async def api_connector_action(request: web.Request) -> web.Response:
             check_authorization_url(str(flow["authorization_url"]))
         return json_response(flow, headers={"Cache-Control": "no-store"})
     if action == "revoke":
-        service.manager.get(connector_id)  # 404 for an unknown id
-        return json_response(await app[OAUTH].revoke(connector_id))
+        return await control.revoke_connector(request)
     raise NotFound("no such connector action")
 
 
 async def api_approval_allow(request: web.Request) -> web.Response:
     _check_api(request)
-    grant = await _body(request, _Allow)
-    approval = request.app[APPROVALS].allow(request.match_info["approval_id"], remember=grant.remember == "session")
-    return json_response(approval.public())
+    return await control.allow_approval(request)
 
 
 async def api_approval_deny(request: web.Request) -> web.Response:
     _check_api(request)
-    return json_response(request.app[APPROVALS].deny(request.match_info["approval_id"]).public())
+    return await control.deny_approval(request)
 
 
 async def api_session_end(request: web.Request) -> web.Response:
     _check_api(request)
-    aborted = request.app[SESSIONS].end(request.match_info["session_id"])
-    return json_response({"ended": True, "aborted": aborted})
+    return await control.end_session(request)
 
 
 async def _console_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -1,7 +1,7 @@
 """What the web console shows: plain JSON built from the same objects and functions as the control API.
 
 Every view reads the live state at request time (the connector service, approvals, sessions, the audit
-log) and never a copy of its own; the figures the CLI prints (``status_body``, ``connector_body``) are
+log) and never a copy of its own; the figures the CLI prints (``status_header``, ``connector_body``) are
 the very same functions. Text that came from elsewhere (a connector's error, an agent's arguments) is
 sent as JSON strings and set with ``textContent`` by the page: nothing here is markup.
 """
@@ -20,7 +20,7 @@ from sidecar.appkeys import APPROVALS, CONNECTORS, HUB, PATHS, REGISTRY, SESSION
 from sidecar.bus.registry import ToolRegistry
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.trustkey import package_digest
-from sidecar.control import connector_body, status_body
+from sidecar.control import connector_body, status_header
 from sidecar.errors import ConfigError
 from sidecar.store.auditverify import verify
 
@@ -36,7 +36,7 @@ _FIELD_CHARS: Final = 200
 
 def overview(app: web.Application) -> dict[str, Any]:
     """Everything the console's live views show, in one answer (polled every second or two)."""
-    status = status_body(app)
+    header = status_header(app)
     sessions = {s.id: s for s in app[SESSIONS].list()}
     registry = app[REGISTRY]
     hub = app[HUB]
@@ -53,15 +53,12 @@ def overview(app: web.Application) -> dict[str, Any]:
             }
         )
     return {
-        "status": {
-            key: status[key]
-            for key in ("version", "pid", "url", "uptime_seconds", "storage", "billing_problems", "trust_store_problem")
-        },
+        "status": {key: value for key, value in header.items() if key != "started_at"},
         "connectors": [
             {**body, "tools": _tools(app, registry, body["id"])}
             for body in (connector_body(app, c) for c in app[CONNECTORS].manager.list())
         ],
-        "connector_problems": status["connector_problems"],
+        "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
         "approvals": approvals,
         "sessions": [{**s.public(), "clients": hub.clients(s.id)} for s in sessions.values()],
     }

@@ -30,7 +30,7 @@ from typing import Final
 
 from aiohttp import web
 
-from sidecar.auth.middleware import CONTEXT_HEADER, bearer_token
+from sidecar.auth.middleware import bearer_token, session_envelope
 from sidecar.auth.process_credentials import ProcessCredential, ProcessCredentials
 from sidecar.auth.sessions import SessionStore
 from sidecar.errors import NotFound, SidecarError, Unauthorized
@@ -88,8 +88,7 @@ class InternalApi:
             raise NotFound("no such internal API path")
         credential = self._credentials.check(bearer_token(request), connector_id)
         record["session"] = credential.session_id
-        contexts = request.headers.getall(CONTEXT_HEADER, [])
-        session = self._sessions.verify(contexts[0] if len(contexts) == 1 else None)
+        session = self._sessions.verify(session_envelope(request))
         if session.id != credential.session_id:
             # SECURITY: a credential leaked to another session's process is useless there.
             raise Unauthorized("this credential belongs to another session")

@@ -140,12 +140,6 @@ class Broker:
             return {"auth": SignIn.NONE.value, "auth_reason": None}
         return keeper.public()
 
-    def required(self, connector_id: str) -> None:
-        """The connector's config says it uses OAuth: without a grant it is ``unauthorized``, not ``none``."""
-        keeper = self.keeper(connector_id)
-        if keeper.state is SignIn.NONE:
-            keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
-
     async def load(self, connectors: Mapping[str, bool]) -> None:
         """At start: each remote connector's sign-in state from what the store holds, not ``none`` until
         its first call. ``connectors``: id → whether its config names an OAuth client. One without usable

@@ -228,10 +228,9 @@ class CredentialTokenStorage:
 
     def _read(self) -> dict[str, StoredGrant]:
         grants = {}
-        for record in self._store.records(self.connector):
+        for record, secret in self._store.secrets(self.connector).items():
             if record.account != self.account:
                 continue
-            secret = self._store.get(record)
             try:
                 grants[record.issuer] = StoredGrant.model_validate(secret)
             except ValidationError:

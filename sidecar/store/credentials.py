@@ -214,8 +214,12 @@ class CredentialStore:
 
     def records(self, connector: str) -> list[RecordId]:
         """The records a connector has that decrypt."""
+        return list(self.secrets(connector))
+
+    def secrets(self, connector: str) -> dict[RecordId, dict[str, Any]]:
+        """Every record of a connector that decrypts, with its secret: one read of the file."""
         with self._lock:
-            return [r for r in self._read() if r.connector == connector]
+            return {record: secret for record, secret in self._read().items() if record.connector == connector}
 
     # -- writing -----------------------------------------------------------------------------------
 
