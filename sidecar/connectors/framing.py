@@ -10,6 +10,8 @@ connector writes is untrusted and bounded here:
   type, never its text) and skipped. EOF closes the session's read stream, so pending calls fail at once.
 * **stdin** (``StdioFraming.write_stdin``): one write per message; a broken pipe ends the session's read
   stream too, as the SDK does (a request must not wait for a reply that cannot come).
+* **the raw lane** (``StdioFraming.lane``, ``lane.RawLane``): requests sent raw beside the session; each
+  stdout line is offered to the lane first while it waits on any, and the rest go to the session.
 * **stderr** (``StderrTail``): drained continuously (the child never blocks on it) into the last N lines,
   each cut at ``STDERR_LINE_BYTES``.
 """
@@ -27,6 +29,8 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import types
 from mcp.shared.message import SessionMessage
+
+from sidecar.connectors.lane import RawLane
 
 __all__ = ["STDERR_LINE_BYTES", "Inbound", "StderrTail", "StdioFraming"]
 
@@ -55,6 +59,8 @@ class StdioFraming:
         self.max_line_bytes = max_line_bytes
         self._inbound_send, self.inbound = anyio.create_memory_object_stream[Inbound](0)
         self._bad_lines = 0
+        self.lane: RawLane | None = None
+        """Requests sent raw on the session's stdin (``session_streams`` opens it)."""
 
     @contextlib.asynccontextmanager
     async def session_streams(
@@ -66,9 +72,11 @@ class StdioFraming:
         """
         out_send, out_recv = anyio.create_memory_object_stream[SessionMessage](0)
         writer = spawn(self.write_stdin(stdin, out_recv))
+        self.lane = RawLane(self.name, stdin)
         try:
             yield self.inbound, out_send
         finally:
+            self.lane.close()
             out_send.close()
             await asyncio.wait({writer}, timeout=_WRITER_FLUSH)
             writer.cancel()
@@ -76,8 +84,11 @@ class StdioFraming:
             self.inbound.close()
 
     def end_inbound(self) -> None:
-        """EOF for the session: its pending calls fail now (the SDK raises ``CONNECTION_CLOSED``)."""
+        """EOF for the session: its pending calls fail now (the SDK raises ``CONNECTION_CLOSED``), the
+        lane's too."""
         self._inbound_send.close()
+        if self.lane is not None:
+            self.lane.close()
 
     async def read_stdout(self, stdout: asyncio.StreamReader, *, on_overflow: Callable[[str], object]) -> None:
         """Deliver one JSON-RPC message per stdout line until EOF; an over-long line calls ``on_overflow``
@@ -95,6 +106,9 @@ class StdioFraming:
                     break
                 if not line:
                     break
+                lane = self.lane
+                if lane is not None and lane.waiting and lane.pick(line):
+                    continue
                 message = self._parse(line)
                 if message is None:
                     continue

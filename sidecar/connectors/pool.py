@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final, cast
@@ -39,6 +40,7 @@ from typing import Final, cast
 from mcp import ClientSession
 
 from sidecar.connectors.failures import FailureLog
+from sidecar.connectors.lane import RawLane
 from sidecar.connectors.launch import HttpAuthSource, LaunchPlan, http_transport
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
@@ -139,6 +141,7 @@ class ConnectorPool:
         self._admit = admit or (lambda spec: None)
         self._http_auth = http_auth
         self._prepare = prepare
+        self._lanes: weakref.WeakKeyDictionary[ClientSession, RawLane] = weakref.WeakKeyDictionary()
         self.spares: Spares[_Slot] = Spares(
             self._limits.spares, count=self._count, limits=self._limits, start=self._start_spare
         )
@@ -188,6 +191,10 @@ class ConnectorPool:
     def error(self, session_id: str, connector_id: str) -> str | None:
         slot = self._serving(session_id, connector_id)
         return slot.error if slot is not None else None
+
+    def lane(self, client: ClientSession | SessionView) -> RawLane | None:
+        """The raw lane beside a stdio connector's client session (``lane.RawLane``); None for HTTP."""
+        return self._lanes.get(client.client if isinstance(client, SessionView) else client)
 
     # -- getting a client ----------------------------------------------------------------------
 
@@ -306,6 +313,8 @@ class ConnectorPool:
                 except TimeoutError:
                     raise _StartTimeout from None
                 slot.client = session
+                if process.lane is not None:
+                    self._lanes[session] = process.lane
                 ready.set_result(session)
                 stop = asyncio.create_task(slot.stop.wait())
                 exited = asyncio.create_task(process.exited.wait())

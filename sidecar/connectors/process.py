@@ -45,6 +45,7 @@ from typing import Final
 from mcp.client import Transport
 
 from sidecar.connectors.framing import StderrTail, StdioFraming
+from sidecar.connectors.lane import RawLane
 from sidecar.connectors.orphans import ORPHANAGE, TREE_VARIABLE, Orphanage
 from sidecar.connectors.stopping import close_stdin, close_subprocess_transport, describe_exit, until
 from sidecar.system import ProcessTree, pid_alive, signal_group
@@ -464,6 +465,11 @@ class ConnectorProcess:
         if self._proc.stdin is None:  # spawned with pipes; no assert under -OO
             raise ProcessStateError(f"connector {self.name!r}: started without stdin")
         return self._framing.session_streams(self._proc.stdin, lambda writer: self._spawn(writer, "stdin"))
+
+    @property
+    def lane(self) -> RawLane | None:
+        """Requests sent raw beside the session (``lane.RawLane``), once ``transport()`` has been entered."""
+        return self._framing.lane if self._proc is not None else None
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from mcp.types import CONNECTION_CLOSED
 
 from sidecar.bus.billing import BillingGate, ManifestSource
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
+from sidecar.connectors.lane import RawLane
 from sidecar.connectors.launch import CALL_TIMEOUT, LaunchContext, LaunchPlan, launch_plan
 from sidecar.connectors.manager import Connector, ConnectorManager
 from sidecar.connectors.manifests import BILLING_FILE, ConnectorSpec
@@ -73,14 +74,16 @@ class Deferral:
         return spec.deferred(tool, default=self.default)
 
 
-async def _raw_call(client: Any, tool: str, arguments: Mapping[str, Any], relay: Any) -> dict[str, Any]:
-    """``tools/call`` raw on the connector's own client session; a shared process's session view tracks it
-    as its session's (aborted when that session ends), since the raw call reaches past the view."""
+async def _raw_call(
+    client: Any, tool: str, arguments: Mapping[str, Any], relay: Any, lane: RawLane | None
+) -> dict[str, Any]:
+    """``tools/call`` raw on the connector's own client session (or its raw lane); a shared process's
+    session view tracks it as its session's (aborted when that session ends), since the raw call reaches
+    past the view."""
     if isinstance(client, SessionView):
-        return cast(
-            dict[str, Any], await client.track(call_tool_raw(client.client, tool, arguments, on_progress=relay))
-        )
-    return await call_tool_raw(client, tool, arguments, on_progress=relay)
+        request = call_tool_raw(client.client, tool, arguments, on_progress=relay, lane=lane)
+        return cast(dict[str, Any], await client.track(request))
+    return await call_tool_raw(client, tool, arguments, on_progress=relay, lane=lane)
 
 
 def billing_source(spec: ConnectorSpec) -> ManifestSource | None:
@@ -278,9 +281,7 @@ class ConnectorTools:
             if tool in connector.tool_drift:
                 raise ToolError(withheld_message(connector, tool))
 
-            async def relay(progress: float, total: float | None, message: str | None) -> None:
-                if context.progress is not None:
-                    await context.progress(progress, total, message)
+            relay = context.progress  # None unless the client asked for progress: then the raw lane serves
 
             try:
                 # wait_for's task of its own is needed: the SDK server cancels a handler again at every
@@ -288,7 +289,9 @@ class ConnectorTools:
                 # notifications/cancelled reach the connector (tests: a client cancel reaches it).
                 # Raw: the result is forwarded, so the typed client's models and output-schema check
                 # do not pay (connectors/rawcall.py).
-                result = await asyncio.wait_for(_raw_call(client, tool, arguments, relay), CALL_TIMEOUT)
+                result = await asyncio.wait_for(
+                    _raw_call(client, tool, arguments, relay, self._pool.lane(client)), CALL_TIMEOUT
+                )
             except TimeoutError:
                 raise ToolError(f"{tool} took longer than {CALL_TIMEOUT:.0f}s") from None
             except MCPError as exc:

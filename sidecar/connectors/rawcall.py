@@ -21,6 +21,7 @@ from mcp import ClientSession
 from mcp.shared.dispatcher import CallOptions, ProgressFnT
 
 from sidecar.bus.registry import ToolOutput
+from sidecar.connectors.lane import RawLane
 from sidecar.errors import ToolError
 
 __all__ = ["call_tool_raw", "tool_result"]
@@ -29,12 +30,23 @@ NOT_A_RESULT = "the connector answered with something other than a tool result"
 
 
 async def call_tool_raw(
-    client: ClientSession, name: str, arguments: Mapping[str, Any], *, on_progress: ProgressFnT | None = None
+    client: ClientSession,
+    name: str,
+    arguments: Mapping[str, Any],
+    *,
+    on_progress: ProgressFnT | None = None,
+    lane: RawLane | None = None,
 ) -> dict[str, Any]:
-    """Send ``tools/call`` and return the connector's result as it came (a dict); ``MCPError`` as ``call_tool``."""
+    """Send ``tools/call`` and return the connector's result as it came (a dict); ``MCPError`` as ``call_tool``.
+
+    With a ``lane`` (a stdio connector) and no progress to relay, the request goes straight onto the
+    connector's stdin (``lane.RawLane``) instead of through the session's dispatcher.
+    """
     data: dict[str, Any] = {"method": "tools/call", "params": {"name": name, "arguments": dict(arguments)}}
     opts: CallOptions = {}
     client._stamp(data, opts)  # the era's headers and _meta, exactly as call_tool stamps them
+    if lane is not None and on_progress is None:
+        return await lane.request("tools/call", data["params"])  # stdio: the stamp's headers have no wire
     if on_progress is not None:
         opts["on_progress"] = on_progress
     return await client._dispatcher.send_raw_request("tools/call", data["params"], opts)

@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
@@ -277,7 +277,8 @@ def build_mcp_server(
             via="mcp",
             abort_keys=(route_key(principal.route),),
             ask=elicitation_asker(ctx),
-            progress=ctx.session.report_progress,  # a no-op unless the request carried a progress token
+            # None unless the request carried a progress token: then a connector call can skip its relay.
+            progress=ctx.session.report_progress if _wants_progress(ctx) else None,
         )
         # A connector's blocks (images, resources, …) pass through as they came.
         content = list(outcome.content) if outcome.content is not None else [{"type": "text", "text": outcome.text}]
@@ -452,3 +453,9 @@ def elicitation_asker(ctx: ServerRequestContext[Any, Any]) -> Asker | None:
 def _error_result(message: str) -> dict[str, Any]:
     # ``resultType`` is required at 2026-07-28; the SDK's shaping drops it for a 2025-era client.
     return {"resultType": "complete", "content": [{"type": "text", "text": message}], "isError": True}
+
+
+def _wants_progress(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether the request carried a progress token (``_meta.progressToken``)."""
+    meta = (ctx.params or {}).get("_meta")
+    return isinstance(meta, Mapping) and meta.get("progressToken") is not None
