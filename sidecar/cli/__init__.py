@@ -44,6 +44,9 @@ def _client(paths: Paths) -> Any:
 def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
     import asyncio
 
+    from sidecar import tuning
+
+    tuning.skip_uvicorn()  # before the daemon imports the SDK
     from sidecar.config import check_bind_host, load_settings
     from sidecar.daemon import serve
 

@@ -5,6 +5,11 @@ wedges the SDK's disconnect watchers. Here ``receive()`` hands over the body
 once, then blocks until the client goes away or the request is aborted; writes after a disconnect are
 dropped, as uvicorn does. The body is read by the caller, bounded in size, time and depth, before the
 app sees it.
+
+An aborted exchange (revocation) ends at once. If its answer had begun (an SSE stream) the connection
+is closed mid-answer; if nothing had been sent yet (a request answered in one JSON body, still
+running) the request gets a 403 whose body is the JSON-RPC error for its id, so a client can fail that
+one request and keep its connection, rather than meet a socket closed with no response at all.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from aiohttp import web
+from mcp_types import INVALID_REQUEST
 
 __all__ = ["AsgiApp", "AsgiExchange", "DisconnectWatcher"]
 
@@ -27,6 +33,8 @@ AsgiApp = Callable[
     Awaitable[None],
 ]
 
+ABORTED: Final = "the request was aborted: its session, route or connector was revoked"
+"""The JSON-RPC error message of a request aborted before its answer began."""
 DISCONNECT_POLL: Final = 0.25
 """Seconds between checks that the client is still connected (aiohttp has no disconnect callback)."""
 
@@ -35,27 +43,50 @@ class AsgiExchange:
     """One request/response exchange between aiohttp and an ASGI app. ``abort()`` ends it at once."""
 
     def __init__(
-        self, request: web.Request, body: bytes, extra_scope: dict[str, Any], *, watcher: DisconnectWatcher
+        self,
+        request: web.Request,
+        body: bytes,
+        extra_scope: dict[str, Any],
+        *,
+        watcher: DisconnectWatcher,
+        request_id: str | int | None = None,
     ) -> None:
+        """``request_id``: the JSON-RPC id of the request in ``body``, if it is one (an abort answers it)."""
         self._watcher = watcher
         self._request = request
         self._body: bytes | None = body
         self._extra = extra_scope
         self._gone = asyncio.Event()
         self._response: web.StreamResponse | None = None
+        self._request_id = request_id
+        self._task: asyncio.Task[Any] | None = None
+        self._refused = False
 
     def abort(self) -> None:
-        """Revocation: the app sees ``http.disconnect`` and the client sees its connection end."""
+        """Revocation: the app sees ``http.disconnect``; the client gets its request's error (nothing sent yet)
+        or sees its connection end (an answer under way)."""
         self._gone.set()
+        if self._response is None and self._request_id is not None and self._task is not None:
+            self._refused = True
+            self._task.cancel()  # run() answers for the app
+            return
         transport = self._request.transport
         if transport is not None:
             transport.close()
 
     async def run(self, app: AsgiApp) -> web.StreamResponse:
         self._watcher.add(self)
+        self._task = asyncio.current_task()
         try:
             await app(self._scope(), self._receive, self._send)
+        except asyncio.CancelledError:
+            if not self._refused or self._task is None:
+                raise
+            self._task.uncancel()
+            error = {"jsonrpc": "2.0", "id": self._request_id, "error": {"code": INVALID_REQUEST, "message": ABORTED}}
+            return web.json_response(error, status=403)
         finally:
+            self._task = None
             self._watcher.discard(self)
         if self._response is None:
             # The app ended without answering (only when the client left first): nothing to send.

@@ -51,8 +51,8 @@ class McpEndpoint:
         hub: ChangeHub,
         quiet: QuietCall | None = None,
     ) -> None:
-        """``quiet`` picks the 2025-era requests answered with one JSON body instead of an SSE stream
-        (``edge/jsonanswer.py``); none without it."""
+        """``quiet`` picks the 2026-07-28 requests answered with one JSON body (``edge/jsonanswer.py``);
+        none without it. Every 2025-era request is answered in JSON unless it streams first."""
         self._quiet = quiet
         self._settings = settings
         self._inflight = inflight
@@ -115,10 +115,19 @@ class McpEndpoint:
             # answers 404 to any other (contract §4).
             "user": AuthenticatedUser(AccessToken(token="-", client_id=principal.owner_id, scopes=[])),  # noqa: S106
         }
-        stateful_or_modern = bool(transport_id) or is_modern(request.headers.get("mcp-protocol-version"))
-        if stateful_or_modern and self._quiet is not None and self._quiet(principal, message):
-            scope[JSON_ANSWER] = message  # nothing will be streamed: one JSON body (edge/jsonanswer.py)
-        exchange = AsgiExchange(request, body, scope, watcher=self._watcher)
+        if is_modern(request.headers.get("mcp-protocol-version")):
+            if self._quiet is not None and self._quiet(principal, message):
+                scope[JSON_ANSWER] = message  # nothing will be streamed: one JSON body (edge/jsonanswer.py)
+        elif transport_id and isinstance(message, dict) and "id" in message and "method" in message:
+            scope[JSON_ANSWER] = message  # a 2025-era request: JSON unless it streams first (edge/jsonanswer.py)
+        request_id = message.get("id") if isinstance(message, dict) and "method" in message else None
+        exchange = AsgiExchange(
+            request,
+            body,
+            scope,
+            watcher=self._watcher,
+            request_id=request_id if isinstance(request_id, str | int) else None,
+        )
         keys = (route_key(principal.route), session_key(principal.session_id))
         token = CALLER.set(principal)
         try:

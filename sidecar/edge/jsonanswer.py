@@ -1,21 +1,24 @@
-"""One JSON body instead of an SSE stream, for a request that will stream nothing.
+"""One JSON body instead of an SSE stream, unless something must reach the client before the result.
 
 The SDK's Streamable HTTP transport answers every 2025-era POST of a stateful session with an SSE
-stream, so that progress, log lines and server→client requests (elicitation) can reach the client
-before the result. When nothing of that can happen the stream is pure cost: ``sse_starlette`` runs five
-tasks per response. The spec lets the server choose either form for each POST (the client must accept
-both), so a request the endpoint marks (``JSON_ANSWER`` in the ASGI scope, holding the message it
-already parsed and checked) gets a single ``application/json`` answer here; every other request goes
-on exactly as the SDK has it.
+stream, so that progress, log lines and server→client requests (elicitation, sampling) can reach the
+client before the result. Most requests send nothing of that, and then the stream is pure cost:
+``sse_starlette`` runs five tasks per response. The spec lets the server choose either form for each
+POST (the client must accept both), so a request the endpoint marks (``JSON_ANSWER`` in the ASGI scope,
+holding the message it already parsed) is answered *lazily* here: it is dispatched as the SDK would
+dispatch it (its channel may send requests), and the first message addressed to it decides. The
+response itself → one ``application/json`` body; anything else (a progress notification, a log line,
+an elicitation) → the SDK's own SSE stream after all, that message first and everything after it in
+order, exactly as if the stream had been opened at once. Nothing is dropped and nothing reordered.
 
-The endpoint marks only a ``tools/call`` on ``/mcp`` that carries no progress token and that the one
-decision lets run without asking (``quiet_call``): the bus then sends nothing on the request's stream.
-A marked 2026-07-28 request goes to the SDK's own single-exchange handler in its JSON mode (unmarked
-ones get its default: JSON once the handler has finished without emitting, found out with two tasks,
-a stream and a timer per request). Should the decision change to *ask* while the call is in flight,
-the request's channel cannot send requests (``can_send_request`` is false, as in the SDK's own JSON
-mode) and the call falls back to a pending approval, as for any client that cannot be asked; anything
-else addressed to the request before its response is dropped here, as the SDK's JSON mode drops it.
+The endpoint marks every 2025-era request of a stateful session on ``/mcp`` and on the connectors'
+own routes. A 2026-07-28 request is marked only when it will stream nothing (``quiet_call``: a
+``tools/call`` on ``/mcp`` without a progress token, of a tool the one decision lets run without
+asking), and goes to the SDK's own single-exchange handler in its JSON mode (unmarked ones get its
+default: JSON once the handler has finished without emitting, found out with two tasks, a stream and a
+timer per request). Should such a call's decision change to *ask* while it is in flight, its channel
+cannot send requests (as in the SDK's own JSON mode) and the call falls back to a pending approval, as
+for any client that cannot be asked.
 
 Everything before the dispatch is the SDK's: the DNS-rebinding middleware, the terminated-session
 404, the Accept and session/protocol-version header checks. The transport's streams and helpers have no
@@ -28,22 +31,33 @@ import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from http import HTTPStatus
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp.server._streamable_http_modern import handle_modern_request
 from mcp.server.streamable_http import (
+    CONTENT_TYPE_SSE,
+    MCP_SESSION_ID_HEADER,
     REQUEST_STREAM_BUFFER_SIZE,
     EventMessage,
+    SSEEvent,
     StreamableHTTPServerTransport,
     check_accept_headers,
 )
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-from mcp.shared.message import ServerMessageMetadata, SessionMessage
-from mcp_types import INTERNAL_ERROR, JSONRPCError, JSONRPCRequest, JSONRPCResponse, jsonrpc_message_adapter
+from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
+    INTERNAL_ERROR,
+    JSONRPCError,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    jsonrpc_message_adapter,
+)
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
@@ -65,7 +79,7 @@ JSON_ANSWER: Final = "sidecar.json_answer"
 
 
 class JsonAnsweringTransport(StreamableHTTPServerTransport):
-    """The SDK's transport, answering a marked POST with one JSON body instead of an SSE stream."""
+    """The SDK's transport, answering a marked POST with one JSON body unless something comes before its response."""
 
     async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
         marked = scope.get(JSON_ANSWER)
@@ -85,24 +99,61 @@ class JsonAnsweringTransport(StreamableHTTPServerTransport):
         if not await self._validate_request_headers(request, send):
             return
         request_id = str(message.id)
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
+        priming = await self._mint_priming_event(request_id, version)  # before dispatch, as the SDK orders it
         streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
         self._request_streams[request_id] = streams
-        metadata = ServerMessageMetadata(
-            request_context=request,
-            on_request_unanswered=partial(self._terminate_unanswered_request, message.id),
-            can_send_request=False,
-        )
         try:
-            await writer.send(SessionMessage(message, metadata=metadata))
-            response = self._create_json_response(await _response_of(streams[1]))
+            await writer.send(self._create_session_message(message, request, request_id, version))
+            first: EventMessage = await streams[1].receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             logger.debug("session terminated with request %s in flight; no response to send", request_id)
+            await self._clean_up_memory_streams(request_id)
             response = self._create_error_response(
                 "Session terminated before the request completed", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
             )
-        finally:
+            await response(scope, receive, send)
+            return
+        except BaseException:  # aborted (revocation cancels the exchange): the stream must not outlive it
+            if self._request_streams.pop(request_id, None) is not None:
+                streams[0].close()
+                streams[1].close()
+            raise
+        if isinstance(first.message, JSONRPCResponse | JSONRPCError):
             await self._clean_up_memory_streams(request_id)
-        await response(scope, receive, send)
+            await self._create_json_response(first.message)(scope, receive, send)
+            return
+        await self._stream_from(first, streams[1], request_id, priming, scope, receive, send)
+
+    async def _stream_from(
+        self,
+        first: EventMessage,
+        rest: MemoryObjectReceiveStream[EventMessage],
+        request_id: str,
+        priming: SSEEvent | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """The request's SSE stream as the SDK runs it, beginning with ``first`` (already taken from ``rest``)."""
+        sse_send, sse_receive = anyio.create_memory_object_stream[SSEEvent](0)
+        self._sse_stream_writers[request_id] = sse_send
+        headers = {
+            "Cache-Control": "no-cache, no-transform",
+            "Connection": "keep-alive",
+            "Content-Type": CONTENT_TYPE_SSE,
+            **({MCP_SESSION_ID_HEADER: self.mcp_session_id} if self.mcp_session_id else {}),
+        }
+        events = cast(MemoryObjectReceiveStream[EventMessage], _Prepended(first, rest))
+        response = EventSourceResponse(
+            content=sse_receive,
+            data_sender_callable=partial(self._run_sse_writer, request_id, sse_send, events, priming),
+            headers=headers,
+        )
+        try:
+            await response(scope, receive, send)
+        finally:
+            await sse_receive.aclose()
 
 
 def quiet_call(tools: ToolService, sessions: SessionStore) -> QuietCall:
@@ -130,13 +181,30 @@ def quiet_call(tools: ToolService, sessions: SessionStore) -> QuietCall:
     return quiet
 
 
-async def _response_of(stream: Any) -> Any:
-    """The request's own response; anything else addressed to it has no wire in a JSON answer."""
-    while True:
-        event: EventMessage = await stream.receive()
-        if isinstance(event.message, JSONRPCResponse | JSONRPCError):
-            return event.message
-        logger.debug("dropped a message related to a request answered in JSON")
+class _Prepended:
+    """``rest`` as the SDK's SSE writer reads it (``async with``, ``async for``), with ``first`` before it."""
+
+    def __init__(self, first: EventMessage, rest: MemoryObjectReceiveStream[EventMessage]) -> None:
+        self._first: EventMessage | None = first
+        self._rest = rest
+
+    async def __aenter__(self) -> _Prepended:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._rest.close()
+
+    def __aiter__(self) -> _Prepended:
+        return self
+
+    async def __anext__(self) -> EventMessage:
+        first, self._first = self._first, None
+        if first is not None:
+            return first
+        try:
+            return await self._rest.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
 
 
 class JsonAnsweringManager(StreamableHTTPSessionManager):

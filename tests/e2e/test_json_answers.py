@@ -1,6 +1,10 @@
-"""/mcp answers a 2025-era tools/call that will stream nothing with one JSON body, anything else as before.
+"""A 2025-era request is answered with one JSON body unless something must reach the client first.
 
 Raw HTTP on a real in-process daemon: the Content-Type of each answer says which form the daemon chose.
+Whatever is addressed to a request before its response (an elicitation, progress, a connector's log
+line) turns the answer into the SDK's SSE stream, that message first and the response last, on ``/mcp``
+and on a connector's own route alike. 2026-07-28: a quiet ``tools/call`` on ``/mcp`` gets the SDK's JSON
+mode.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import Daemon
-from tests.helpers import initialize_request
+from tests.helpers import FIXTURES, initialize_request, trust_user_server
 
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -76,22 +80,96 @@ async def test_a_call_that_runs_without_asking_is_answered_in_json(daemon: Daemo
     assert [(c["tool"], c["decision"], c["outcome"]) for c in calls] == [("calculate", "allow", "ok")]
 
 
-async def test_a_call_with_a_progress_token_still_streams(daemon: Daemon, http: aiohttp.ClientSession) -> None:
+async def test_a_progress_token_alone_does_not_open_a_stream(daemon: Daemon, http: aiohttp.ClientSession) -> None:
     client = Legacy(http, daemon, await daemon.new_session())
     await client.open()
     kind, response = await client.call("calculate", {"expression": "1+1"}, _meta={"progressToken": "p1"})
-    assert kind.startswith("text/event-stream")
+    assert kind.startswith("application/json")  # calculate reports no progress: nothing came before the result
     assert text_of(response) == "2"
 
 
-async def test_a_call_that_asks_still_streams(daemon: Daemon, http: aiohttp.ClientSession) -> None:
+async def test_a_call_that_cannot_ask_this_client_is_answered_in_json(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
     client = Legacy(http, daemon, await daemon.new_session(mode="default"))
-    await client.open()
+    await client.open()  # declares no elicitation: the approval goes to the user out of band
     kind, response = await client.call("note_save", {"text": "x"})
-    assert kind.startswith("text/event-stream")  # where an elicitation could go, for a client that declares it
+    assert kind.startswith("application/json")
     assert response["result"]["isError"] and "sidecar approvals allow" in text_of(response)
-    kind, _ = await client.call("tool_call", {"name": "calculate", "arguments": {"expression": "1"}})
-    assert kind.startswith("text/event-stream")  # the call it makes may ask
+
+
+async def test_an_elicitation_before_the_result_turns_the_answer_into_a_stream(
+    daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    client = Legacy(http, daemon, await daemon.new_session(mode="default"))
+    opening = initialize_request("asker")
+    opening["params"]["capabilities"] = {"elicitation": {"form": {}}}
+    async with http.post(client.url, json=opening, headers=client.headers) as r:
+        client.headers["mcp-session-id"] = r.headers["mcp-session-id"]
+        await r.read()
+    client.headers["mcp-protocol-version"] = "2025-11-25"
+    async with http.post(
+        client.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=client.headers
+    ) as r:
+        assert r.status == 202
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "note_save", "arguments": {"text": "kept"}},
+    }
+    async with http.post(client.url, json=call, headers=client.headers) as r:
+        assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r)
+        asked = await anext(events)
+        assert asked["method"] == "elicitation/create"  # the first message addressed to the call comes first
+        answer = {"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept", "content": {"remember": False}}}
+        async with http.post(client.url, json=answer, headers=client.headers) as accepted:
+            assert accepted.status == 202
+        result = await anext(events)
+    assert result["id"] == 2 and not result["result"]["isError"], result
+    assert [(c["tool"], c["outcome"]) for c in daemon.audit_events("tool.call")] == [("note_save", "ok")]
+
+
+async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The JSON-RPC messages of an SSE answer, as they arrive."""
+    async for line in response.content:
+        if line.startswith(b"data:") and line[5:].strip():
+            yield json.loads(line[5:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", ["bus", "relay"])
+async def test_a_connectors_progress_streams_in_order_and_a_quiet_call_is_json(
+    daemon: Daemon, http: aiohttp.ClientSession, route: str
+) -> None:
+    await trust_user_server(daemon, "pid", FIXTURES / "pid_server.py")
+    relayed = route == "relay"
+    session = await daemon.new_session(
+        mode="bypass", allow=["mcp__pid__*"], **({"connector": "pid"} if relayed else {})
+    )
+    client = Legacy(http, daemon, session)
+    client.url = session["url"]
+    await client.open()
+    tool = "tick" if relayed else "mcp__pid__tick"
+    kind, response = await client.call(tool, {"label": "quiet", "steps": 2})
+    assert kind.startswith("application/json") and text_of(response) == "quiet"
+    body = {
+        "jsonrpc": "2.0",
+        "id": 50,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": {"label": "loud", "steps": 3}, "_meta": {"progressToken": "t"}},
+    }
+    async with http.post(client.url, json=body, headers=client.headers) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        messages = [message async for message in _events(r)]
+    progress = [m["params"] for m in messages if m.get("method") == "notifications/progress"]
+    assert [(p["progressToken"], p["progress"], p["message"]) for p in progress] == [
+        ("t", 1, "loud"),
+        ("t", 2, "loud"),
+        ("t", 3, "loud"),
+    ]
+    assert messages[-1]["id"] == 50 and text_of(messages[-1]) == "loud"  # the response last
 
 
 async def test_an_unknown_tool_is_refused_as_before(daemon: Daemon, http: aiohttp.ClientSession) -> None:
