@@ -283,15 +283,19 @@ class ConnectorTools:
 
             relay = context.progress  # None unless the client asked for progress: then the raw lane serves
 
+            lane = self._pool.lane(client) if relay is None else None
             try:
-                # wait_for's task of its own is needed: the SDK server cancels a handler again at every
-                # checkpoint (anyio scopes), and only a separate task lets the client's courtesy
-                # notifications/cancelled reach the connector (tests: a client cancel reaches it).
                 # Raw: the result is forwarded, so the typed client's models and output-schema check
                 # do not pay (connectors/rawcall.py).
-                result = await asyncio.wait_for(
-                    _raw_call(client, tool, arguments, relay, self._pool.lane(client)), CALL_TIMEOUT
-                )
+                if lane is not None and not isinstance(client, SessionView):
+                    # The lane writes its cancel without awaiting: no task of its own is needed.
+                    async with asyncio.timeout(CALL_TIMEOUT):
+                        result = await call_tool_raw(client, tool, arguments, lane=lane)
+                else:
+                    # wait_for's task of its own is needed here: the SDK server cancels a handler again at
+                    # every checkpoint (anyio scopes), and only a separate task lets the client session's
+                    # courtesy notifications/cancelled reach the connector (tests: a client cancel reaches it).
+                    result = await asyncio.wait_for(_raw_call(client, tool, arguments, relay, lane), CALL_TIMEOUT)
             except TimeoutError:
                 raise ToolError(f"{tool} took longer than {CALL_TIMEOUT:.0f}s") from None
             except MCPError as exc:

@@ -149,16 +149,15 @@ class Upstream:
             self._requests[ours] = origin
         self._in_flight += 1
         try:
+            lane = self._process.lane if self._process is not None else None
+            if lane is not None and method == "tools/call" and "on_progress" not in options:
+                # Straight onto stdin (lane.RawLane), whose cancel is written without awaiting: no task.
+                async with asyncio.timeout(CALL_TIMEOUT):
+                    return await lane.request(method, params or {}, request_id=ours)
             # A task of its own (wait_for): the SDK server cancels a handler again at every checkpoint
             # (anyio scopes), and only a separate task lets the dispatcher's notifications/cancelled
             # reach the connector when the client cancels.
-            lane = self._process.lane if self._process is not None else None
-            if lane is not None and method == "tools/call" and "on_progress" not in options:
-                # Straight onto stdin (lane.RawLane): nothing of the call waits on the dispatcher.
-                request = lane.request(method, params or {}, request_id=ours)
-            else:
-                request = dispatcher.send_raw_request(method, params, options)
-            return await asyncio.wait_for(request, CALL_TIMEOUT)
+            return await asyncio.wait_for(dispatcher.send_raw_request(method, params, options), CALL_TIMEOUT)
         except TimeoutError:
             raise MCPError(code=REQUEST_TIMEOUT, message=f"{method} took longer than {CALL_TIMEOUT:.0f}s") from None
         except MCPError as exc:

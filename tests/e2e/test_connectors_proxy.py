@@ -253,6 +253,36 @@ async def test_a_client_cancel_reaches_the_connector(daemon: Daemon, tmp_path: P
     assert log.read_text() == "started\ncancelled\n"
 
 
+@pytest.mark.parametrize("route", ["bus", "relayed"])
+async def test_a_call_past_the_timeout_fails_and_the_connector_is_told(
+    daemon: Daemon, tmp_path: Path, route: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The calls go on the raw lane; its cancel is the connector's only news that the call is over.
+    import sidecar.connectors.proxy
+    import sidecar.connectors.upstream
+
+    monkeypatch.setattr(sidecar.connectors.proxy, "CALL_TIMEOUT", 1.0)
+    monkeypatch.setattr(sidecar.connectors.upstream, "CALL_TIMEOUT", 1.0)
+    await trust_user_server(daemon, "echo", ECHO_SERVER)
+    log = tmp_path / "sleep.log"
+    grant = {"connector": "echo"} if route == "relayed" else {"allow": ["mcp__echo__*"]}
+    session = await daemon.new_session(mode="bypass", **grant)
+    tool = "sleep_logged" if route == "relayed" else "mcp__echo__sleep_logged"
+    async with mcp_client(session) as client:
+        async with asyncio.timeout(BOUND):
+            outcome = await asyncio.gather(
+                client.call_tool(tool, {"seconds": 600, "log": str(log)}), return_exceptions=True
+            )
+        await wait_until(lambda: "cancelled" in log.read_text(), interval=0.02)
+        # The connection serves on: the next call is answered.
+        echo = "echo" if route == "relayed" else "mcp__echo__echo"
+        assert tool_text(await client.call_tool(echo, {"text": "still here"})) == "still here"
+    result = outcome[0]
+    message = str(result) if isinstance(result, BaseException) else tool_text(result)
+    assert "took longer than 1s" in message, message
+    assert log.read_text() == "started\ncancelled\n"
+
+
 async def test_a_plugin_server_is_a_connector_like_any_other(daemon: Daemon) -> None:
     plugin = daemon.paths.data / "plugins" / "demo"
     plugin.mkdir(parents=True)
