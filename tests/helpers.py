@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -146,3 +147,19 @@ async def until_running(
         return await running(daemon, connector_id) == count
 
     await wait_until(reached, timeout=timeout, interval=interval)
+
+
+def run_probe(code: str) -> list[str]:
+    """Run ``code`` in a fresh interpreter from the checkout (bounded); the words it printed.
+
+    A failure of the probe itself fails the test, with its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[1],
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()

@@ -59,7 +59,6 @@ logger = logging.getLogger(__name__)
 PKCE_METHOD: Final = "S256"
 AUTHORIZE_TIMEOUT: Final = 30.0
 """Seconds the headless driver waits for the authorization endpoint's redirect."""
-_REDIRECTS: Final = frozenset({301, 302, 303, 307, 308})
 
 
 class AuthorizationDriver(Protocol):
@@ -85,7 +84,7 @@ class HeadlessDriver:
         async with httpx2.AsyncClient(follow_redirects=False, timeout=self._timeout, transport=self._transport) as http:
             response = await http.get(url)
         location = response.headers.get("location")
-        if response.status_code not in _REDIRECTS or not location:
+        if not response.has_redirect_location or not location:
             raise AuthorizationRefused(f"the authorization endpoint answered {response.status_code} without a redirect")
         query = parse_qs(urlsplit(location).query)
         code, state, iss = (query.get(name, [None])[0] for name in ("code", "state", "iss"))

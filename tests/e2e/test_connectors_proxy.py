@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -238,13 +239,18 @@ async def test_a_trusted_connector_has_its_own_route_that_dies_with_its_trust(da
     assert "not trusted" in refused["error"]["message"]
 
 
-@pytest.mark.parametrize("route", ["bus", "relayed"])
-async def test_a_client_cancel_reaches_the_connector(daemon: Daemon, tmp_path: Path, route: str) -> None:
+async def _sleeper(daemon: Daemon, tmp_path: Path, route: str) -> tuple[dict[str, Any], str, Path]:
+    """The echo connector trusted, and a session calling it on ``route``: (session, the sleeping tool, its log)."""
     await trust_user_server(daemon, "echo", ECHO_SERVER)
-    log = tmp_path / "sleep.log"
     grant = {"connector": "echo"} if route == "relayed" else {"allow": ["mcp__echo__*"]}
     session = await daemon.new_session(mode="bypass", **grant)
     tool = "sleep_logged" if route == "relayed" else "mcp__echo__sleep_logged"
+    return session, tool, tmp_path / "sleep.log"
+
+
+@pytest.mark.parametrize("route", ["bus", "relayed"])
+async def test_a_client_cancel_reaches_the_connector(daemon: Daemon, tmp_path: Path, route: str) -> None:
+    session, tool, log = await _sleeper(daemon, tmp_path, route)
     async with mcp_client(session) as client:
         call = asyncio.create_task(client.call_tool(tool, {"seconds": 600, "log": str(log)}))
         await wait_until(log.exists, interval=0.02)  # the connector has started the call
@@ -263,11 +269,7 @@ async def test_a_call_past_the_timeout_fails_and_the_connector_is_told(
 
     monkeypatch.setattr(sidecar.connectors.proxy, "CALL_TIMEOUT", 1.0)
     monkeypatch.setattr(sidecar.connectors.upstream, "CALL_TIMEOUT", 1.0)
-    await trust_user_server(daemon, "echo", ECHO_SERVER)
-    log = tmp_path / "sleep.log"
-    grant = {"connector": "echo"} if route == "relayed" else {"allow": ["mcp__echo__*"]}
-    session = await daemon.new_session(mode="bypass", **grant)
-    tool = "sleep_logged" if route == "relayed" else "mcp__echo__sleep_logged"
+    session, tool, log = await _sleeper(daemon, tmp_path, route)
     async with mcp_client(session) as client:
         async with asyncio.timeout(BOUND):
             outcome = await asyncio.gather(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from sidecar.cli import cmd_serve
 from sidecar.paths import Paths
 from sidecar.tuning import GC_THRESHOLDS
 from tests.conftest import Daemon
+from tests.helpers import run_probe
 
 PROBE = """
 import gc
@@ -30,17 +29,7 @@ print(before[0] != GC_THRESHOLDS, after[0] == GC_THRESHOLDS, after[1] > before[1
 
 @pytest.mark.slow
 def test_settling_freezes_what_start_up_left_and_raises_the_first_threshold() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).parents[2],
-    )
-
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "True", "True"]
+    assert run_probe(PROBE) == ["True", "True", "True"]
 
 
 def test_sidecar_serve_runs_the_daemon_as_its_own_process(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.helpers import run_probe
 
 PROBE = """
 import sys
@@ -20,14 +18,4 @@ print(sys.modules.get("uvicorn") is None, "click" in sys.modules, EventSourceRes
 
 @pytest.mark.slow
 def test_the_sdks_sse_responses_import_without_uvicorn() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=Path(__file__).parents[2],
-    )
-
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False", "EventSourceResponse"]
+    assert run_probe(PROBE) == ["True", "False", "EventSourceResponse"]
