@@ -25,7 +25,7 @@ from sidecar.store.audit import (
 )
 from sidecar.store.files import loads_strict, open_private
 
-__all__ = ["VerifyReport", "verify"]
+__all__ = ["VerifiedChain", "VerifyReport", "verify"]
 
 
 @dataclass(slots=True)
@@ -61,6 +61,33 @@ def verify(path: Path, *, head_path: Path | None = None) -> VerifyReport:
         return VerifyReport(ok=not problems, records=0, problems=problems)
     chain.check_tail(head_damaged=bool(problems) and problems[0].startswith("head:"))
     return VerifyReport(ok=not problems, records=chain.records, problems=problems)
+
+
+class VerifiedChain:
+    """``verify`` of one log for a view that asks often (the console polls): the last report, walked again
+    only when the log or its head changed (inode, size or modification time), so an idle log costs two
+    ``stat`` calls a poll instead of a walk of the whole file. ``sidecar audit --verify`` always walks."""
+
+    def __init__(self, path: Path, *, head_path: Path | None = None) -> None:
+        self.path = path
+        self.head_path = head_path if head_path is not None else path.with_suffix(".head")
+        self._seen: tuple[tuple[int, int, int] | None, ...] | None = None
+        self._report: VerifyReport | None = None
+
+    def report(self) -> VerifyReport:
+        stamp = (_stamp(self.path), _stamp(self.head_path))
+        if self._report is None or stamp != self._seen:
+            self._report = verify(self.path, head_path=self.head_path)
+            self._seen = stamp
+        return self._report
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return (status.st_ino, status.st_size, status.st_mtime_ns)
 
 
 class _Chain:

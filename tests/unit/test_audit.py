@@ -13,10 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sidecar.store.auditverify
 from sidecar.bus.shapes import shape_of
 from sidecar.errors import StorageError
 from sidecar.store.audit import RESERVED_KEYS, AuditLog
-from sidecar.store.auditverify import verify
+from sidecar.store.auditverify import VerifiedChain, verify
 
 
 @pytest.fixture
@@ -50,6 +51,32 @@ def test_a_fresh_log_verifies_and_numbers_records_from_one(log_path: Path) -> No
     assert records[0]["prev"] == "0" * 64
     assert records[3]["tool"] == "t3"
     assert records[0]["ts"].endswith("Z") and len(records[0]["ts"]) == len("2025-01-02T03:04:05.678Z")
+
+
+def test_a_verified_chain_walks_again_only_when_the_log_changed(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    walks: list[Path] = []
+
+    def counted(path: Path, *, head_path: Path | None = None) -> object:
+        walks.append(path)
+        return verify(path, head_path=head_path)
+
+    monkeypatch.setattr(sidecar.store.auditverify, "verify", counted)
+    _write(log_path, 3)
+    chain = VerifiedChain(log_path)
+
+    assert chain.report().records == 3
+    assert chain.report().ok and len(walks) == 1  # nothing changed: the last verdict
+    with AuditLog(log_path) as log:
+        log.append("tool.call", tool="later")
+    assert chain.report().records == 4 and len(walks) == 2
+    lines = _lines(log_path)
+    lines[1] = lines[1].replace(b'"decision":"allow"', b'"decision":"deny!"')  # an edit in place
+    _set_lines(log_path, lines)
+    report = chain.report()
+    assert not report.ok and report.problems[0].startswith("line 2: hash mismatch")
+    assert len(walks) == 3
 
 
 def test_append_returns_the_record_it_wrote(log_path: Path) -> None:
