@@ -118,7 +118,12 @@ class McpEndpoint:
         if is_modern(request.headers.get("mcp-protocol-version")):
             if self._quiet is not None and self._quiet(principal, message):
                 scope[JSON_ANSWER] = message  # nothing will be streamed: one JSON body (edge/jsonanswer.py)
-        elif transport_id and isinstance(message, dict) and "id" in message and "method" in message:
+        elif (
+            transport_id
+            and isinstance(message, dict)
+            and "id" in message
+            and message.get("method") not in (None, "initialize")
+        ):
             scope[JSON_ANSWER] = message  # a 2025-era request: JSON unless it streams first (edge/jsonanswer.py)
         request_id = message.get("id") if isinstance(message, dict) and "method" in message else None
         exchange = AsgiExchange(
