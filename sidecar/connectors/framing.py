@@ -40,6 +40,8 @@ STDERR_LINE_BYTES: Final = 4096
 """Longest stderr line kept in the tail (longer ones are cut and marked ``[cut]``), so the tail stays small."""
 _CHUNK: Final = 65536
 """Bytes per read when draining stderr, or stdout after an over-long line."""
+_CATCH_UP_TURNS: Final = 64
+"""Event-loop turns the lane waits at most for the session to take in what it was handed (a few suffice)."""
 _WRITER_FLUSH: Final = 0.5
 """Seconds for messages the client already sent to reach stdin when the session leaves (as the SDK)."""
 
@@ -94,6 +96,7 @@ class StdioFraming:
         """Deliver one JSON-RPC message per stdout line until EOF; an over-long line calls ``on_overflow``
         with the reason and ends the reading (stdout is then drained and dropped)."""
         overflow = False
+        handed = False  # a message went to the session since the lane last took one
         try:
             while True:
                 try:
@@ -107,7 +110,12 @@ class StdioFraming:
                 if not line:
                     break
                 lane = self.lane
-                if lane is not None and lane.waiting and lane.pick(line):
+                taken = lane.claim(line) if lane is not None and lane.waiting else None
+                if lane is not None and taken is not None:
+                    if handed:
+                        await self._session_caught_up()
+                        handed = False
+                    lane.take(taken)
                     continue
                 message = self._parse(line)
                 if message is None:
@@ -115,12 +123,28 @@ class StdioFraming:
                 # If the session is gone, keep reading anyway so the connector never blocks on a full pipe.
                 with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                     await self._inbound_send.send(message)
+                    handed = True
         finally:
             self.end_inbound()
         if overflow:  # drain and discard, so a connector blocked mid-flood can see stdin close and exit
             with contextlib.suppress(OSError):
                 while await stdout.read(_CHUNK):
                     pass
+
+    async def _session_caught_up(self) -> None:
+        """Let the session take in what it was handed before the lane wakes anyone, so the connector's order
+        holds: a log line or a sampling request written before a response reaches the client first.
+
+        The session's dispatcher spawns a task for each notification or request it reads, and a waiter it
+        wakes runs after those (the event loop runs ready tasks in order); the lane keeps the same order by
+        waking its waiter only once the dispatcher is back waiting for the next message. Bounded: a
+        dispatcher held up in a handler of its own does not hold the lane up for long.
+        """
+        for _ in range(_CATCH_UP_TURNS):
+            stats = self._inbound_send.statistics()
+            if stats.tasks_waiting_receive or not stats.open_receive_streams:
+                return
+            await asyncio.sleep(0)  # one turn of the event loop
 
     async def write_stdin(
         self, stdin: asyncio.StreamWriter, outbound: MemoryObjectReceiveStream[SessionMessage]

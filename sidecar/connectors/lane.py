@@ -12,8 +12,9 @@ SDK session exactly as before.
 
 The lane's ids are strings (``sidecar-lane-N``) that the SDK's integer ids can never equal; JSON-RPC
 and MCP allow either, and a response to an id the lane gave up on (its caller cancelled) is dropped
-here, not handed to the SDK. Only requests that need nothing back but their response take the lane: a
-call with a progress token, or anything that waits on the client, goes through the SDK session.
+here, not handed to the SDK. A request that wants progress gets its id as its progress token (as the
+SDK's dispatcher does), and the connector's ``notifications/progress`` for it are taken here too and
+handed to its callback, each in a task of its own in the order they came (as the SDK spawns them).
 
 Cancelling a waiting ``request`` sends ``notifications/cancelled`` for its id (the MCP spec's courtesy,
 as the SDK sends it); EOF on stdout or a broken stdin fails every waiter with ``CONNECTION_CLOSED``, the
@@ -26,19 +27,22 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
-__all__ = ["RawLane"]
+__all__ = ["Progress", "RawLane"]
 
 logger = logging.getLogger(__name__)
 
 _PREFIX: Final = "sidecar-lane-"
 _CLOSED: Final = "Connection closed"
 """The SDK's message for ``CONNECTION_CLOSED``."""
+
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+"""(progress, total, message) of a request's ``notifications/progress``, as the SDK's ``ProgressFnT``."""
 
 
 class RawLane:
@@ -49,6 +53,8 @@ class RawLane:
         self._stdin = stdin
         self._ids = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._progress: dict[str, Progress] = {}
+        self._relaying: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
@@ -56,21 +62,35 @@ class RawLane:
         """Requests sent on the lane that have no response yet."""
         return len(self._waiting)
 
-    async def request(self, method: str, params: Mapping[str, Any], *, request_id: str | None = None) -> dict[str, Any]:
+    async def request(
+        self,
+        method: str,
+        params: Mapping[str, Any],
+        *,
+        request_id: str | None = None,
+        on_progress: Progress | None = None,
+    ) -> dict[str, Any]:
         """Send one request and return its result as the connector sent it; ``MCPError`` for its error.
 
         ``request_id`` must be a string the connection never used (the relay passes its own); by default
-        the lane mints one. Raises ``MCPError(CONNECTION_CLOSED)`` once the connector's pipes are gone.
+        the lane mints one. With ``on_progress`` the request carries its id as its progress token (any
+        token already in its ``_meta`` is replaced) and its progress reaches the callback. Raises
+        ``MCPError(CONNECTION_CLOSED)`` once the connector's pipes are gone.
         """
         if self._closed or self._stdin.is_closing():
             raise MCPError(code=CONNECTION_CLOSED, message=_CLOSED)
         ours = request_id if request_id is not None else f"{_PREFIX}{next(self._ids)}"
+        if on_progress is not None:
+            meta = params.get("_meta")
+            params = {**params, "_meta": {**(meta if isinstance(meta, Mapping) else {}), "progressToken": ours}}
         try:
             line = _line({"jsonrpc": "2.0", "id": ours, "method": method, "params": params})
         except ValueError as exc:  # not JSON (NaN, a value of no JSON type): the request cannot be sent
             raise MCPError(code=INTERNAL_ERROR, message=f"{method}: arguments are not JSON ({exc})") from None
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[ours] = waiter
+        if on_progress is not None:
+            self._progress[ours] = on_progress
         try:
             self._stdin.write(line)
             await self._stdin.drain()
@@ -83,24 +103,45 @@ class RawLane:
             raise
         finally:
             self._waiting.pop(ours, None)
+            self._progress.pop(ours, None)
 
     def pick(self, line: bytes) -> bool:
-        """Take ``line`` if it answers a request of the lane's (or one it gave up on); False leaves it to the SDK."""
+        """``claim`` and ``take`` in one step: whether the line was the lane's."""
+        message = self.claim(line)
+        if message is None:
+            return False
+        self.take(message)
+        return True
+
+    def claim(self, line: bytes) -> dict[str, Any] | None:
+        """The message on ``line`` if it is the lane's: a response to one of its ids (or one it gave up on),
+        or progress for one of its requests; None leaves the line to the SDK session."""
         try:
             message = json.loads(line)
         except ValueError:
-            return False  # the SDK's parse logs it, without its text
-        if not isinstance(message, dict) or "method" in message:
-            return False
+            return None  # the SDK's parse logs it, without its text
+        if not isinstance(message, dict):
+            return None
+        if "method" in message:
+            if message["method"] != "notifications/progress":
+                return None
+            params = message.get("params")
+            token = params.get("progressToken") if isinstance(params, dict) else None
+            return message if isinstance(token, str) and token in self._progress else None
         ours = message.get("id")
         if not isinstance(ours, str):
-            return False
-        waiter = self._waiting.get(ours)
-        if waiter is None:
-            # Ours, given up on (its caller was cancelled): the SDK has no waiter for it either.
-            return ours.startswith(_PREFIX)
-        if waiter.done():
-            return True
+            return None
+        # Ours even when given up on (its caller was cancelled): the SDK has no waiter for it either.
+        return message if ours in self._waiting or ours.startswith(_PREFIX) else None
+
+    def take(self, message: dict[str, Any]) -> None:
+        """Act on a message ``claim`` returned: resolve its waiter, or hand its progress to the callback."""
+        if "method" in message:
+            self._relay_progress(message.get("params"))
+            return
+        waiter = self._waiting.get(str(message.get("id")))
+        if waiter is None or waiter.done():
+            return
         error = message.get("error")
         result = message.get("result")
         if isinstance(error, dict):
@@ -116,7 +157,27 @@ class RawLane:
             waiter.set_result(result)
         else:
             waiter.set_exception(MCPError(code=INTERNAL_ERROR, message="the connector sent a malformed response"))
-        return True
+
+    def _relay_progress(self, params: object) -> None:
+        """Hand a progress notification for one of the lane's requests to its callback, in a task of its own."""
+        if not isinstance(params, dict):
+            return
+        relay = self._progress.get(str(params.get("progressToken")))
+        if relay is None:
+            return  # its request has just ended
+        progress, total, text = params.get("progress"), params.get("total"), params.get("message")
+        if not isinstance(progress, int | float) or isinstance(progress, bool):
+            return  # malformed: dropped, as the SDK drops it
+        task = asyncio.ensure_future(
+            _contained(
+                relay,
+                float(progress),
+                float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
+                text if isinstance(text, str) else None,
+            )
+        )
+        self._relaying.add(task)
+        task.add_done_callback(self._relaying.discard)
 
     def close(self) -> None:
         """The connection is gone: every waiter fails with ``CONNECTION_CLOSED``, and so do later requests."""
@@ -138,6 +199,14 @@ class RawLane:
             self._stdin.write(_line(notice))
         except (OSError, RuntimeError):
             logger.debug("connector %s: could not send the cancel of %s", self.name, ours)
+
+
+async def _contained(relay: Progress, progress: float, total: float | None, text: str | None) -> None:
+    """A progress callback that fails is logged; it never touches the call it reports on."""
+    try:
+        await relay(progress, total, text)
+    except Exception:
+        logger.exception("progress callback raised")
 
 
 def _line(message: Mapping[str, Any]) -> bytes:

@@ -281,16 +281,16 @@ class ConnectorTools:
             if tool in connector.tool_drift:
                 raise ToolError(withheld_message(connector, tool))
 
-            relay = context.progress  # None unless the client asked for progress: then the raw lane serves
+            relay = context.progress  # None unless the client asked for progress
 
-            lane = self._pool.lane(client) if relay is None else None
+            lane = self._pool.lane(client)
             try:
                 # Raw: the result is forwarded, so the typed client's models and output-schema check
                 # do not pay (connectors/rawcall.py).
                 if lane is not None and not isinstance(client, SessionView):
                     # The lane writes its cancel without awaiting: no task of its own is needed.
                     async with asyncio.timeout(CALL_TIMEOUT):
-                        result = await call_tool_raw(client, tool, arguments, lane=lane)
+                        result = await call_tool_raw(client, tool, arguments, on_progress=relay, lane=lane)
                 else:
                     # wait_for's task of its own is needed here: the SDK server cancels a handler again at
                     # every checkpoint (anyio scopes), and only a separate task lets the client session's

@@ -15,13 +15,13 @@ The session's stamp and dispatcher have no public accessor in the SDK (``mcp`` 2
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from mcp import ClientSession
 from mcp.shared.dispatcher import CallOptions, ProgressFnT
 
 from sidecar.bus.registry import ToolOutput
-from sidecar.connectors.lane import RawLane
+from sidecar.connectors.lane import Progress, RawLane
 from sidecar.errors import ToolError
 
 __all__ = ["call_tool_raw", "tool_result"]
@@ -34,21 +34,22 @@ async def call_tool_raw(
     name: str,
     arguments: Mapping[str, Any],
     *,
-    on_progress: ProgressFnT | None = None,
+    on_progress: Progress | None = None,
     lane: RawLane | None = None,
 ) -> dict[str, Any]:
     """Send ``tools/call`` and return the connector's result as it came (a dict); ``MCPError`` as ``call_tool``.
 
-    With a ``lane`` (a stdio connector) and no progress to relay, the request goes straight onto the
-    connector's stdin (``lane.RawLane``) instead of through the session's dispatcher.
+    With a ``lane`` (a stdio connector) the request goes straight onto the connector's stdin
+    (``lane.RawLane``) instead of through the session's dispatcher, its progress relayed by the lane.
     """
     data: dict[str, Any] = {"method": "tools/call", "params": {"name": name, "arguments": dict(arguments)}}
     opts: CallOptions = {}
     client._stamp(data, opts)  # the era's headers and _meta, exactly as call_tool stamps them
-    if lane is not None and on_progress is None:
-        return await lane.request("tools/call", data["params"])  # stdio: the stamp's headers have no wire
+    if lane is not None:
+        # stdio: the stamp's headers have no wire
+        return await lane.request("tools/call", data["params"], on_progress=on_progress)
     if on_progress is not None:
-        opts["on_progress"] = on_progress
+        opts["on_progress"] = cast(ProgressFnT, on_progress)  # the SDK calls it positionally
     return await client._dispatcher.send_raw_request("tools/call", data["params"], opts)
 
 

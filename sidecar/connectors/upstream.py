@@ -150,10 +150,12 @@ class Upstream:
         self._in_flight += 1
         try:
             lane = self._process.lane if self._process is not None else None
-            if lane is not None and method == "tools/call" and "on_progress" not in options:
+            if lane is not None and method == "tools/call":
                 # Straight onto stdin (lane.RawLane), whose cancel is written without awaiting: no task.
                 async with asyncio.timeout(CALL_TIMEOUT):
-                    return await lane.request(method, params or {}, request_id=ours)
+                    return await lane.request(
+                        method, params or {}, request_id=ours, on_progress=options.get("on_progress")
+                    )
             # A task of its own (wait_for): the SDK server cancels a handler again at every checkpoint
             # (anyio scopes), and only a separate task lets the dispatcher's notifications/cancelled
             # reach the connector when the client cancels.

@@ -12,6 +12,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
+from sidecar.connectors.framing import StdioFraming
 from sidecar.connectors.lane import RawLane
 
 WAIT = 5.0
@@ -143,3 +144,69 @@ async def test_arguments_that_are_not_json_are_refused_before_anything_is_writte
     writer.write(b"marker\n")  # the next thing on the wire is this, so nothing came before it
     async with asyncio.timeout(WAIT):
         assert await reader.readline() == b"marker\n"
+
+
+async def test_a_requests_progress_reaches_its_callback_in_order_and_others_pass(pipe: Any) -> None:
+    writer, reader = pipe
+    lane = RawLane("echo", writer)
+    seen: list[tuple[float, float | None, str | None]] = []
+    all_seen = asyncio.Event()
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append((value, total, message))
+        if len(seen) == 3:
+            all_seen.set()
+
+    params = {"name": "tick", "arguments": {}, "_meta": {"progressToken": "the client's", "other": 1}}
+    call = asyncio.create_task(lane.request("tools/call", params, on_progress=progress))
+    sent = await _sent(reader)
+    assert sent["params"]["_meta"] == {"progressToken": sent["id"], "other": 1}  # its id is its token
+    for step in (1, 2, 3):
+        note = {"progressToken": sent["id"], "progress": step, "total": 3, "message": f"step {step}"}
+        assert _answer(lane, {"jsonrpc": "2.0", "method": "notifications/progress", "params": note})
+    foreign = {"progressToken": 7, "progress": 1}  # the SDK session's own
+    assert not _answer(lane, {"jsonrpc": "2.0", "method": "notifications/progress", "params": foreign})
+    _answer(lane, {"jsonrpc": "2.0", "id": sent["id"], "result": {"content": []}})
+    async with asyncio.timeout(WAIT):
+        assert await call == {"content": []}
+        await all_seen.wait()
+    assert seen == [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
+
+
+async def test_what_the_connector_wrote_before_a_lane_response_reaches_the_session_first(pipe: Any) -> None:
+    # The session's dispatcher spawns a task per notification it reads, as the SDK's does; the lane must
+    # not wake its caller ahead of them, or a log line written before the result would follow it.
+    writer, reader = pipe
+    framing = StdioFraming("echo", max_line_bytes=1 << 20)
+    framing.lane = lane = RawLane("echo", writer)
+    order: list[str] = []
+
+    async def dispatcher() -> None:
+        spawned: set[asyncio.Task[None]] = set()
+
+        async def notify(message: Any) -> None:
+            order.append(f"notify {message.message.method}")
+
+        with framing.inbound:
+            async for message in framing.inbound:
+                task = asyncio.create_task(notify(message))
+                spawned.add(task)
+                task.add_done_callback(spawned.discard)
+
+    async def caller() -> None:
+        await lane.request("tools/call", {"name": "echo"})
+        order.append("response")
+
+    session = asyncio.create_task(dispatcher())
+    call = asyncio.create_task(caller())
+    sent = await _sent(reader)
+    stdout = asyncio.StreamReader()
+    log = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+    answer = {"jsonrpc": "2.0", "id": sent["id"], "result": {"content": []}}
+    stdout.feed_data(json.dumps(log).encode() + b"\n" + json.dumps(answer).encode() + b"\n")  # one read
+    stdout.feed_eof()
+    async with asyncio.timeout(WAIT):
+        await framing.read_stdout(stdout, on_overflow=lambda reason: None)
+        await call
+        await session
+    assert order == ["notify notifications/message", "response"]
