@@ -6,7 +6,7 @@ of the response line, a hop through the dispatcher's read loop and a third memor
 back. A relayed call needs none of it: the request is already a dict the bus has decided, and the result
 is only forwarded. ``RawLane`` writes the request as one line itself (a pipe write is one system call,
 whole lines never interleave with the SDK writer's) and ``StdioFraming`` hands each stdout line to
-``pick`` first: a response to one of the lane's own ids resolves its waiter at once, and every other
+``claim`` first: a response to one of the lane's own ids resolves its waiter at once, and every other
 line (the SDK's own responses, notifications, the connector's requests to the client) goes on to the
 SDK session exactly as before.
 
@@ -105,14 +105,6 @@ class RawLane:
             self._waiting.pop(ours, None)
             self._progress.pop(ours, None)
 
-    def pick(self, line: bytes) -> bool:
-        """``claim`` and ``take`` in one step: whether the line was the lane's."""
-        message = self.claim(line)
-        if message is None:
-            return False
-        self.take(message)
-        return True
-
     def claim(self, line: bytes) -> dict[str, Any] | None:
         """The message on ``line`` if it is the lane's: a response to one of its ids (or one it gave up on),
         or progress for one of its requests; None leaves the line to the SDK session."""
@@ -160,7 +152,7 @@ class RawLane:
 
     def _relay_progress(self, params: object) -> None:
         """Hand a progress notification for one of the lane's requests to its callback, in a task of its own."""
-        if not isinstance(params, dict):
+        if not isinstance(params, dict):  # claim() saw a dict; kept for the type checker
             return
         relay = self._progress.get(str(params.get("progressToken")))
         if relay is None:

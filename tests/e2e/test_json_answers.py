@@ -22,6 +22,16 @@ from tests.helpers import FIXTURES, initialize_request, trust_user_server
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
+def tools_call(request_id: int, name: str, arguments: dict[str, Any], **params: Any) -> dict[str, Any]:
+    """A raw JSON-RPC ``tools/call``; ``params`` adds to its params (``_meta``, say)."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, **params},
+    }
+
+
 class Legacy:
     """One raw 2025-era MCP session on /mcp."""
 
@@ -43,12 +53,7 @@ class Legacy:
     async def call(self, name: str, arguments: dict[str, Any], **params: Any) -> tuple[str, dict[str, Any]]:
         """(the answer's Content-Type, the JSON-RPC response to this request)."""
         self.ids += 1
-        body = {
-            "jsonrpc": "2.0",
-            "id": self.ids,
-            "method": "tools/call",
-            "params": {"name": name, "arguments": arguments, **params},
-        }
+        body = tools_call(self.ids, name, arguments, **params)
         async with self.http.post(self.url, json=body, headers=self.headers) as r:
             assert r.status == 200
             kind, raw = r.headers["content-type"], await r.read()
@@ -112,12 +117,7 @@ async def test_an_elicitation_before_the_result_turns_the_answer_into_a_stream(
         client.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=client.headers
     ) as r:
         assert r.status == 202
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {"name": "note_save", "arguments": {"text": "kept"}},
-    }
+    call = tools_call(2, "note_save", {"text": "kept"})
     async with http.post(client.url, json=call, headers=client.headers) as r:
         assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = _events(r)
@@ -154,12 +154,7 @@ async def test_a_connectors_progress_streams_in_order_and_a_quiet_call_is_json(
     tool = "tick" if relayed else "mcp__pid__tick"
     kind, response = await client.call(tool, {"label": "quiet", "steps": 2})
     assert kind.startswith("application/json") and text_of(response) == "quiet"
-    body = {
-        "jsonrpc": "2.0",
-        "id": 50,
-        "method": "tools/call",
-        "params": {"name": tool, "arguments": {"label": "loud", "steps": 3}, "_meta": {"progressToken": "t"}},
-    }
+    body = tools_call(50, tool, {"label": "loud", "steps": 3}, _meta={"progressToken": "t"})
     async with http.post(client.url, json=body, headers=client.headers) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         messages = [message async for message in _events(r)]
@@ -187,12 +182,7 @@ async def test_another_sessions_transport_gets_404_and_runs_nothing(
     owner = Legacy(http, daemon, first)
     transport_id = await owner.open()
     thief = {**second["headers"], **ACCEPT, "mcp-session-id": transport_id, "mcp-protocol-version": "2025-11-25"}
-    body = {
-        "jsonrpc": "2.0",
-        "id": 9,
-        "method": "tools/call",
-        "params": {"name": "calculate", "arguments": {"expression": "1"}},
-    }
+    body = tools_call(9, "calculate", {"expression": "1"})
     async with http.post(daemon.mcp_url, json=body, headers=thief) as r:
         assert r.status == 404
     stale = {**owner.headers, "mcp-session-id": "0" * 32}
@@ -207,12 +197,7 @@ async def test_a_client_that_accepts_only_json_is_refused_as_the_sdk_refuses_it(
     client = Legacy(http, daemon, await daemon.new_session())
     await client.open()
     headers = {**client.headers, "Accept": "application/json"}
-    body = {
-        "jsonrpc": "2.0",
-        "id": 5,
-        "method": "tools/call",
-        "params": {"name": "calculate", "arguments": {"expression": "1"}},
-    }
+    body = tools_call(5, "calculate", {"expression": "1"})
     async with http.post(daemon.mcp_url, json=body, headers=headers) as r:
         assert r.status == 406
     assert daemon.audit_events("tool.call") == []
@@ -227,12 +212,7 @@ def modern_call(
         "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
         "io.modelcontextprotocol/clientCapabilities": {},
     }
-    body = {
-        "jsonrpc": "2.0",
-        "id": 7,
-        "method": "tools/call",
-        "params": {"name": name, "arguments": arguments, "_meta": meta},
-    }
+    body = tools_call(7, name, arguments, _meta=meta)
     headers = {
         **ACCEPT,
         "MCP-Protocol-Version": "2026-07-28",

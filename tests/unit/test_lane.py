@@ -38,8 +38,17 @@ async def _sent(reader: asyncio.StreamReader) -> dict[str, Any]:
     return message
 
 
+def _offer(lane: RawLane, line: bytes) -> bool:
+    """What the stdout reader does with a line: the lane takes it (True) or leaves it to the session."""
+    taken = lane.claim(line)
+    if taken is None:
+        return False
+    lane.take(taken)
+    return True
+
+
 def _answer(lane: RawLane, message: dict[str, Any]) -> bool:
-    return lane.pick(json.dumps(message).encode() + b"\n")
+    return _offer(lane, json.dumps(message).encode() + b"\n")
 
 
 async def test_a_request_is_one_line_and_its_response_is_its_result(pipe: Any) -> None:
@@ -94,7 +103,7 @@ async def test_lines_that_are_not_its_responses_are_left_to_the_session(pipe: An
         {"jsonrpc": "2.0", "id": sent["id"], "method": "sampling/createMessage", "params": {}},  # a request
     ]
     assert [_answer(lane, message) for message in others] == [False] * len(others)
-    assert lane.pick(b"not json\n") is False
+    assert _offer(lane, b"not json\n") is False
     assert not call.done()
     _answer(lane, {"jsonrpc": "2.0", "id": sent["id"], "result": {}})
     async with asyncio.timeout(WAIT):
