@@ -14,7 +14,10 @@ The lane's ids are strings (``sidecar-lane-N``) that the SDK's integer ids can n
 and MCP allow either, and a response to an id the lane gave up on (its caller cancelled) is dropped
 here, not handed to the SDK. A request that wants progress gets its id as its progress token (as the
 SDK's dispatcher does), and the connector's ``notifications/progress`` for it are taken here too and
-handed to its callback, each in a task of its own in the order they came (as the SDK spawns them).
+handed to its callback, each in a task of its own that starts when the one before it has finished, and
+the request returns (or raises) only after the last of them: a callback that sends on the client's
+stream has delivered every progress notification before the caller sends the response, which would
+close that stream (a task started first is not a task finished first).
 
 Cancelling a waiting ``request`` sends ``notifications/cancelled`` for its id (the MCP spec's courtesy,
 as the SDK sends it); EOF on stdout or a broken stdin fails every waiter with ``CONNECTION_CLOSED``, the
@@ -54,7 +57,9 @@ class RawLane:
         self._ids = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._progress: dict[str, Progress] = {}
-        self._relaying: set[asyncio.Task[None]] = set()
+        self._relayed: dict[str, asyncio.Task[None]] = {}
+        """The last progress relay of each request that is waiting; the next one starts after it."""
+        self._relaying: set[asyncio.Task[None]] = set()  # every relay still running, held until done
         self._closed = False
 
     @property
@@ -94,7 +99,13 @@ class RawLane:
         try:
             self._stdin.write(line)
             await self._stdin.drain()
-            return await waiter
+            try:
+                result = await waiter
+            except MCPError:
+                await self._progress_delivered(ours)
+                raise
+            await self._progress_delivered(ours)
+            return result
         except OSError:  # BrokenPipe/ConnectionReset: the connector closed stdin or died
             raise MCPError(code=CONNECTION_CLOSED, message=_CLOSED) from None
         except asyncio.CancelledError:
@@ -104,6 +115,13 @@ class RawLane:
         finally:
             self._waiting.pop(ours, None)
             self._progress.pop(ours, None)
+            self._relayed.pop(ours, None)
+
+    async def _progress_delivered(self, ours: str) -> None:
+        """Wait for the progress relays of request ``ours`` still running (each is contained: none raises)."""
+        last = self._relayed.get(ours)
+        if last is not None and not last.done():
+            await asyncio.wait((last,))
 
     def claim(self, line: bytes) -> dict[str, Any] | None:
         """The message on ``line`` if it is the lane's: a response to one of its ids (or one it gave up on),
@@ -154,14 +172,16 @@ class RawLane:
         """Hand a progress notification for one of the lane's requests to its callback, in a task of its own."""
         if not isinstance(params, dict):  # claim() saw a dict; kept for the type checker
             return
-        relay = self._progress.get(str(params.get("progressToken")))
+        token = str(params.get("progressToken"))
+        relay = self._progress.get(token)
         if relay is None:
             return  # its request has just ended
         progress, total, text = params.get("progress"), params.get("total"), params.get("message")
         if not isinstance(progress, int | float) or isinstance(progress, bool):
             return  # malformed: dropped, as the SDK drops it
-        task = asyncio.ensure_future(
+        self._relayed[token] = task = asyncio.ensure_future(
             _contained(
+                self._relayed.get(token),
                 relay,
                 float(progress),
                 float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
@@ -193,9 +213,14 @@ class RawLane:
             logger.debug("connector %s: could not send the cancel of %s", self.name, ours)
 
 
-async def _contained(relay: Progress, progress: float, total: float | None, text: str | None) -> None:
-    """A progress callback that fails is logged; it never touches the call it reports on."""
+async def _contained(
+    before: asyncio.Task[None] | None, relay: Progress, progress: float, total: float | None, text: str | None
+) -> None:
+    """One progress callback, after the relay ``before`` it has finished; one that fails is logged, never
+    touching the call it reports on."""
     try:
+        if before is not None and not before.done():
+            await asyncio.wait((before,))
         await relay(progress, total, text)
     except Exception:
         logger.exception("progress callback raised")

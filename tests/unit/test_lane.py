@@ -182,6 +182,44 @@ async def test_a_requests_progress_reaches_its_callback_in_order_and_others_pass
     assert seen == [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
 
 
+@pytest.mark.parametrize("answer", ["result", "error"])
+async def test_a_request_ends_only_after_its_slow_progress_callbacks_have_finished_in_order(
+    pipe: Any, answer: str
+) -> None:
+    # A relay's callback sends on the client's stream and may take several loop turns; the response
+    # closes that stream, so the caller must not have it before every progress it read first was sent.
+    writer, reader = pipe
+    lane = RawLane("echo", writer)
+    order: list[str] = []
+
+    async def progress(value: float, total: float | None, message: str | None) -> None:
+        for _ in range(int(10 - 3 * value)):  # the earlier, the slower: started first is not done first
+            await asyncio.sleep(0)
+        order.append(f"progress {value:g}")
+
+    async def caller() -> None:
+        try:
+            await lane.request("tools/call", {"name": "tick"}, on_progress=progress)
+            order.append("result")
+        except MCPError as exc:
+            order.append(f"error {exc.error.code}")
+
+    call = asyncio.create_task(caller())
+    sent = await _sent(reader)
+    for step in (1, 2, 3):
+        note = {"progressToken": sent["id"], "progress": step}
+        assert _answer(lane, {"jsonrpc": "2.0", "method": "notifications/progress", "params": note})
+    if answer == "result":
+        _answer(lane, {"jsonrpc": "2.0", "id": sent["id"], "result": {"content": []}})
+    else:
+        _answer(lane, {"jsonrpc": "2.0", "id": sent["id"], "error": {"code": -32000, "message": "no"}})
+    async with asyncio.timeout(WAIT):
+        await call
+    last = "result" if answer == "result" else "error -32000"
+    assert order == ["progress 1", "progress 2", "progress 3", last]
+    assert lane.waiting == 0
+
+
 async def test_what_the_connector_wrote_before_a_lane_response_reaches_the_session_first(pipe: Any) -> None:
     # The session's dispatcher spawns a task per notification it reads, as the SDK's does; the lane must
     # not wake its caller ahead of them, or a log line written before the result would follow it.
