@@ -14,10 +14,8 @@ The lane's ids are strings (``sidecar-lane-N``) that the SDK's integer ids can n
 and MCP allow either, and a response to an id the lane gave up on (its caller cancelled) is dropped
 here, not handed to the SDK. A request that wants progress gets its id as its progress token (as the
 SDK's dispatcher does), and the connector's ``notifications/progress`` for it are taken here too and
-handed to its callback, each in a task of its own that starts when the one before it has finished, and
-the request returns (or raises) only after the last of them: a callback that sends on the client's
-stream has delivered every progress notification before the caller sends the response, which would
-close that stream (a task started first is not a task finished first).
+handed to its callback in a ``ProgressChain``: one after the other, and the request returns (or raises)
+only once the last was relayed, so no progress can follow the response on the client's stream.
 
 Cancelling a waiting ``request`` sends ``notifications/cancelled`` for its id (the MCP spec's courtesy,
 as the SDK sends it); EOF on stdout or a broken stdin fails every waiter with ``CONNECTION_CLOSED``, the
@@ -30,22 +28,22 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
-__all__ = ["Progress", "RawLane"]
+from sidecar.bus.registry import Progress
+from sidecar.connectors.progress import ProgressChain
+
+__all__ = ["RawLane"]
 
 logger = logging.getLogger(__name__)
 
 _PREFIX: Final = "sidecar-lane-"
 _CLOSED: Final = "Connection closed"
 """The SDK's message for ``CONNECTION_CLOSED``."""
-
-Progress = Callable[[float, float | None, str | None], Awaitable[None]]
-"""(progress, total, message) of a request's ``notifications/progress``, as the SDK's ``ProgressFnT``."""
 
 
 class RawLane:
@@ -56,10 +54,7 @@ class RawLane:
         self._stdin = stdin
         self._ids = itertools.count(1)
         self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
-        self._progress: dict[str, Progress] = {}
-        self._relayed: dict[str, asyncio.Task[None]] = {}
-        """The last progress relay of each request that is waiting; the next one starts after it."""
-        self._relaying: set[asyncio.Task[None]] = set()  # every relay still running, held until done
+        self._progress: dict[str, ProgressChain] = {}
         self._closed = False
 
     @property
@@ -94,18 +89,13 @@ class RawLane:
             raise MCPError(code=INTERNAL_ERROR, message=f"{method}: arguments are not JSON ({exc})") from None
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[ours] = waiter
-        if on_progress is not None:
-            self._progress[ours] = on_progress
+        chain = ProgressChain(on_progress) if on_progress is not None else None
+        if chain is not None:
+            self._progress[ours] = chain
         try:
             self._stdin.write(line)
             await self._stdin.drain()
-            try:
-                result = await waiter
-            except MCPError:
-                await self._progress_delivered(ours)
-                raise
-            await self._progress_delivered(ours)
-            return result
+            return await (waiter if chain is None else chain.answer(waiter))
         except OSError:  # BrokenPipe/ConnectionReset: the connector closed stdin or died
             raise MCPError(code=CONNECTION_CLOSED, message=_CLOSED) from None
         except asyncio.CancelledError:
@@ -115,13 +105,6 @@ class RawLane:
         finally:
             self._waiting.pop(ours, None)
             self._progress.pop(ours, None)
-            self._relayed.pop(ours, None)
-
-    async def _progress_delivered(self, ours: str) -> None:
-        """Wait for the progress relays of request ``ours`` still running (each is contained: none raises)."""
-        last = self._relayed.get(ours)
-        if last is not None and not last.done():
-            await asyncio.wait((last,))
 
     def claim(self, line: bytes) -> dict[str, Any] | None:
         """The message on ``line`` if it is the lane's: a response to one of its ids (or one it gave up on),
@@ -169,27 +152,20 @@ class RawLane:
             waiter.set_exception(MCPError(code=INTERNAL_ERROR, message="the connector sent a malformed response"))
 
     def _relay_progress(self, params: object) -> None:
-        """Hand a progress notification for one of the lane's requests to its callback, in a task of its own."""
+        """Hand a progress notification for one of the lane's requests to its chain."""
         if not isinstance(params, dict):  # claim() saw a dict; kept for the type checker
             return
-        token = str(params.get("progressToken"))
-        relay = self._progress.get(token)
-        if relay is None:
+        chain = self._progress.get(str(params.get("progressToken")))
+        if chain is None:
             return  # its request has just ended
         progress, total, text = params.get("progress"), params.get("total"), params.get("message")
         if not isinstance(progress, int | float) or isinstance(progress, bool):
             return  # malformed: dropped, as the SDK drops it
-        self._relayed[token] = task = asyncio.ensure_future(
-            _contained(
-                self._relayed.get(token),
-                relay,
-                float(progress),
-                float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
-                text if isinstance(text, str) else None,
-            )
+        chain.spawn(
+            float(progress),
+            float(total) if isinstance(total, int | float) and not isinstance(total, bool) else None,
+            text if isinstance(text, str) else None,
         )
-        self._relaying.add(task)
-        task.add_done_callback(self._relaying.discard)
 
     def close(self) -> None:
         """The connection is gone: every waiter fails with ``CONNECTION_CLOSED``, and so do later requests."""
@@ -211,19 +187,6 @@ class RawLane:
             self._stdin.write(_line(notice))
         except (OSError, RuntimeError):
             logger.debug("connector %s: could not send the cancel of %s", self.name, ours)
-
-
-async def _contained(
-    before: asyncio.Task[None] | None, relay: Progress, progress: float, total: float | None, text: str | None
-) -> None:
-    """One progress callback, after the relay ``before`` it has finished; one that fails is logged, never
-    touching the call it reports on."""
-    try:
-        if before is not None and not before.done():
-            await asyncio.wait((before,))
-        await relay(progress, total, text)
-    except Exception:
-        logger.exception("progress callback raised")
 
 
 def _line(message: Mapping[str, Any]) -> bytes:

@@ -20,8 +20,8 @@ from typing import Any, cast
 from mcp import ClientSession
 from mcp.shared.dispatcher import CallOptions, ProgressFnT
 
-from sidecar.bus.registry import ToolOutput
-from sidecar.connectors.lane import Progress, RawLane
+from sidecar.bus.registry import Progress, ToolOutput
+from sidecar.connectors.lane import RawLane
 from sidecar.errors import ToolError
 
 __all__ = ["call_tool_raw", "tool_result"]

