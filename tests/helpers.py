@@ -7,11 +7,12 @@ total timeout. The bounds are fail-safes, never timing assertions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -118,6 +119,24 @@ def write_user_servers(daemon: Daemon, servers: Mapping[str, Any]) -> None:
     path = daemon.paths.config / "mcp.json"
     path.write_text(json.dumps({"mcpServers": servers}))
     path.chmod(0o600)
+
+
+@contextlib.asynccontextmanager
+async def listening_server(script: Path, *args: str) -> AsyncIterator[int]:
+    """Run ``python script *args``, an HTTP server that prints ``LISTENING <port>`` once it accepts
+    connections; yield that port, and stop it on the way out."""
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        assert server.stdout is not None
+        line = await asyncio.wait_for(server.stdout.readline(), BOUND)
+        assert line.startswith(b"LISTENING "), line
+        yield int(line.split()[1])
+    finally:
+        if server.returncode is None:
+            server.terminate()
+        await asyncio.wait_for(server.wait(), BOUND)
 
 
 async def trust(daemon: Daemon, connector_id: str) -> dict[str, Any]:

