@@ -23,6 +23,9 @@ Measured, in one run: sequential ``tools/call`` p50 (rounds alternate the order 
 is the median of the per-round medians); 8 and 32 concurrent raw callers (calls/s and p99); the built-in
 ``calculate`` through ``/mcp`` next to the SDK's server; the daemon's idle RSS after start; a new
 session's cold first call next to a bare spawn + initialize + call. Then each target ratio, PASS or MISS.
+Under concurrency each row also gives the CPU per call (psutil, user + system) of the client, the server
+process and its descendants (the connector): with every process on the same two cores, throughput is
+bound by their sum, and the connector and client are the same behind every server.
 Compare within one run only: this machine moves ±20-30 % between runs.
 
     .venv/bin/python scripts/bench_peers.py            # full run (several minutes)
@@ -47,6 +50,7 @@ from typing import Any
 
 import aiohttp
 import bench_connectors as bc  # scripts/ is sys.path[0]
+import psutil
 from bench_mcp import RawCaller, Target, raw_http, reference_process
 from benchlib import CallFailed, log, stop, timed, wait_ready
 
@@ -78,6 +82,8 @@ class Path_:
     eras: tuple[str, ...] = (LEGACY,)
     arguments: dict[str, Any] = field(default_factory=lambda: dict(ECHO[1]))
     expected: str = ECHO[2]
+    server_pid: int | None = None
+    """The server's process: its CPU, and its descendants' (the connector), are counted under load."""
 
 
 @dataclass
@@ -126,7 +132,7 @@ def ensure_supergateway() -> tuple[Path | None, str]:
 
 
 @contextlib.contextmanager
-def supergateway_process(exe: Path, workdir: Path) -> Iterator[str]:
+def supergateway_process(exe: Path, workdir: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = bc._free_port()
     errfile = workdir / "supergateway.stderr"
     with errfile.open("wb") as errlog:
@@ -157,7 +163,7 @@ def supergateway_process(exe: Path, workdir: Path) -> Iterator[str]:
 
         try:
             wait_ready(proc, "supergateway", errfile, f"listen on {port}", listening)
-            yield f"http://127.0.0.1:{port}/mcp"
+            yield proc, f"http://127.0.0.1:{port}/mcp"
         finally:
             stop(proc, "supergateway", group=True)
 
@@ -275,6 +281,8 @@ class Results:
     p50: dict[Key, list[float]] = field(default_factory=dict)  # per-round medians
     rate: dict[tuple[str, str, int], float] = field(default_factory=dict)  # (path, era, callers)
     p99: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    cpu: dict[tuple[str, str, int], tuple[float, float, float]] = field(default_factory=dict)
+    """(client, server, its descendants) CPU ms per call under load."""
     idle_rss: float = float("nan")
     cold: list[float] = field(default_factory=list)
     bare: list[float] = field(default_factory=list)
@@ -307,11 +315,16 @@ async def concurrent(http: aiohttp.ClientSession, paths: list[Path_], plan: Plan
                 async with contextlib.AsyncExitStack() as stack:
                     calls = [await stack.enter_async_context(raw_client(http, path, era)) for _ in range(callers)]
                     await asyncio.gather(*(timed(c, max(2, plan.warmup // 4), []) for c in calls))
+                    groups = _process_groups(path.server_pid)
+                    before = [_cpu_seconds(g) for g in groups]
                     start = time.perf_counter()
                     await asyncio.gather(*(timed(c, per_caller, samples) for c in calls))
                     wall = time.perf_counter() - start
+                    spent = [_cpu_seconds(g) - b for g, b in zip(groups, before, strict=True)]
                 res.rate[(path.name, era, callers)] = per_caller * callers / wall
                 res.p99[(path.name, era, callers)] = _pct(samples, 0.99)
+                per_call = [seconds * 1000 / (per_caller * callers) for seconds in spent]
+                res.cpu[(path.name, era, callers)] = (per_call[0], per_call[1], per_call[2])
                 log(f"  {callers} callers, {path.name} {era}: {res.rate[(path.name, era, callers)]:.0f} calls/s")
 
 
@@ -319,6 +332,24 @@ async def cold(http: aiohttp.ClientSession, daemon: bc.Daemon, plan: Plan, res: 
     shim = bc.Results()
     await bc.phase_cold(bc.dataclasses.replace(bc.QUICK, cold_reps=plan.cold_reps), daemon, http, shim)
     res.cold, res.bare = shim.cold_sidecar, shim.cold_bare
+
+
+def _process_groups(server_pid: int | None) -> list[list[psutil.Process]]:
+    """[this client], [the server], [the server's descendants now: its connector processes]."""
+    if server_pid is None:
+        return [[psutil.Process()], [], []]
+    server = psutil.Process(server_pid)
+    return [[psutil.Process()], [server], server.children(recursive=True)]
+
+
+def _cpu_seconds(group: list[psutil.Process]) -> float:
+    """User + system CPU of the processes still running (one that ended meanwhile counts nothing)."""
+    total = 0.0
+    for proc in group:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -400,9 +431,13 @@ def render(res: Results, plan: Plan, run: str, versions: dict[str, str]) -> str:
         ratio(
             f"cold first call {cold_ms:.0f} ms / bare spawn+init+call {bare_ms:.0f} ms", cold_ms / bare_ms, COLD_VS_BARE
         )
-    out += ["", "concurrent raw callers (calls/s, p99 ms):"]
+    out += ["", "concurrent raw callers (calls/s, p99 ms; CPU ms per call of the client / server / connector):"]
     for (name, era, callers), rate in res.rate.items():
-        out.append(f"  x{callers:<3d} {name:24s} {era}: {rate:6.0f} calls/s  p99 {res.p99[(name, era, callers)]:.2f}")
+        client, server, connector = res.cpu[(name, era, callers)]
+        out.append(
+            f"  x{callers:<3d} {name:24s} {era}: {rate:6.0f} calls/s  p99 {res.p99[(name, era, callers)]:6.2f}"
+            f"  cpu {client:.2f} / {server:.2f} / {connector:.2f}"
+        )
     out += ["", "targets:"]
     width = max(len(r[0]) for r in rows)
     for label, value, target, ok in rows:
@@ -431,13 +466,13 @@ async def amain(args: argparse.Namespace) -> int:
         ref_url = f"http://127.0.0.1:{ref_port}/mcp"
         paths = [
             Path_("direct", None),
-            Path_("sdk-http", ref_url, eras=(LEGACY, MODERN)),
+            Path_("sdk-http", ref_url, eras=(LEGACY, MODERN), server_pid=ref_proc.pid),
         ]
         proxy_exe, why = bc.ensure_mcp_proxy()
         if proxy_exe is not None:
             try:
-                _, proxy_url = stack.enter_context(bc.mcp_proxy_process(proxy_exe, workdir))
-                paths.append(Path_("mcp-proxy", proxy_url))
+                proxy_proc, proxy_url = stack.enter_context(bc.mcp_proxy_process(proxy_exe, workdir))
+                paths.append(Path_("mcp-proxy", proxy_url, server_pid=proxy_proc.pid))
                 versions["mcp-proxy"] = bc._mcp_proxy_version(proxy_exe)
             except Exception as exc:
                 res.notes.append(f"mcp-proxy left out: {exc}"[:300])
@@ -446,7 +481,8 @@ async def amain(args: argparse.Namespace) -> int:
         gateway, why = ensure_supergateway()
         if gateway is not None:
             try:
-                paths.append(Path_("supergateway", stack.enter_context(supergateway_process(gateway, workdir))))
+                gateway_proc, gateway_url = stack.enter_context(supergateway_process(gateway, workdir))
+                paths.append(Path_("supergateway", gateway_url, server_pid=gateway_proc.pid))
                 versions["supergateway"] = SUPERGATEWAY_VERSION
             except Exception as exc:
                 res.notes.append(f"supergateway left out: {exc}"[:300])
@@ -463,9 +499,10 @@ async def amain(args: argparse.Namespace) -> int:
                 {"workspace": str(daemon.workspace), "mode": "bypass", "connector": "echo"},
             )
             both = (LEGACY, MODERN)
+            pid: dict[str, Any] = {"server_pid": daemon.pid}
             paths += [
-                Path_("sidecar /mcp", session["url"], "mcp__echo__echo", dict(session["headers"]), both),
-                Path_("sidecar route", routed["url"], "echo", dict(routed["headers"]), both),
+                Path_("sidecar /mcp", session["url"], "mcp__echo__echo", dict(session["headers"]), both, **pid),
+                Path_("sidecar route", routed["url"], "echo", dict(routed["headers"]), both, **pid),
             ]
             calc = {"tool": "calculate", "arguments": {"expression": "1+1"}, "expected": "2", "eras": both}
             builtins = [
