@@ -35,6 +35,7 @@ from aiohttp import web
 from sidecar.appkeys import (
     APPROVALS,
     AUDIT,
+    AUDIT_CHAIN,
     BILLING,
     CONNECTORS,
     CONSOLE,
@@ -96,6 +97,7 @@ from sidecar.oauth.forward import Forwarder
 from sidecar.oauth.target import UpstreamRule
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.auditverify import VerifiedChain
 from sidecar.store.credentials import CredentialStore, DeferredKey
 from sidecar.store.files import ensure_private_dir
 from sidecar.store.trust import TrustStore
@@ -168,6 +170,7 @@ def build_app(
 async def _store(app: web.Application) -> AsyncIterator[None]:
     paths, runtime = app[PATHS], app[RUNTIME]
     audit = app[AUDIT] = AuditLog(paths.audit_file)
+    app[AUDIT_CHAIN] = VerifiedChain(paths.audit_file)
     app[TRUST] = TrustStore(
         paths.state / "approvals.json",
         on_event=lambda event, fields: _audit(audit, event, fields),

@@ -32,12 +32,14 @@ from sidecar.edge.rest import RestFacade
 from sidecar.oauth.broker import Broker
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
+from sidecar.store.auditverify import VerifiedChain
 from sidecar.store.credentials import CredentialStore
 from sidecar.store.trust import TrustStore
 
 __all__ = [
     "APPROVALS",
     "AUDIT",
+    "AUDIT_CHAIN",
     "BILLING",
     "CONNECTORS",
     "CONSOLE",
@@ -80,6 +82,8 @@ SETTINGS = web.AppKey("settings", Settings)
 PATHS = web.AppKey("paths", Paths)
 RUNTIME = web.AppKey("runtime", Runtime)
 AUDIT = web.AppKey("audit", AuditLog)
+AUDIT_CHAIN = web.AppKey("audit_chain", VerifiedChain)
+"""The audit log's last verdict, for the console's audit view (walked again only when the log changed)."""
 CREDENTIALS = web.AppKey("credentials", CredentialStore)
 STATE = web.AppKey("state", StateJournal)
 INFLIGHT = web.AppKey("inflight", InflightTracker)

@@ -6,21 +6,23 @@ started first is not a task finished first: a send that needs a few more loop tu
 the next one, or after the caller has sent the response, which closes the client's stream and loses
 it (the conformance suite's ``tools-call-with-progress`` saw exactly that under load). ``ProgressChain``
 starts each relay only when the one before it has finished, and ``delivered`` lets the caller wait for
-the last before it sends the response.
+the last before it sends the response. ``in_order`` does both for a request sent through the SDK's
+dispatcher.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPError
 
 from sidecar.bus.registry import Progress
 
-__all__ = ["ProgressChain"]
+__all__ = ["ProgressChain", "in_order"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,3 +87,13 @@ class ProgressChain:
             logger.exception("progress callback raised")
         finally:
             done.set_result(None)
+
+
+async def in_order(send: Callable[[CallOptions], Awaitable[T]], options: CallOptions) -> T:
+    """``send(options)`` (a request through the SDK's dispatcher), its ``on_progress`` relayed in order and
+    all of it before the answer returns (``ProgressChain``); as it is when it asks for no progress."""
+    on_progress = options.get("on_progress")
+    if on_progress is None:
+        return await send(options)
+    chain = ProgressChain(on_progress)
+    return await chain.answer(send({**options, "on_progress": chain.follow}))

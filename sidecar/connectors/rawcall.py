@@ -22,6 +22,7 @@ from mcp.shared.dispatcher import CallOptions, ProgressFnT
 
 from sidecar.bus.registry import Progress, ToolOutput
 from sidecar.connectors.lane import RawLane
+from sidecar.connectors.progress import in_order
 from sidecar.errors import ToolError
 
 __all__ = ["call_tool_raw", "tool_result"]
@@ -50,7 +51,8 @@ async def call_tool_raw(
         return await lane.request("tools/call", data["params"], on_progress=on_progress)
     if on_progress is not None:
         opts["on_progress"] = cast(ProgressFnT, on_progress)  # the SDK calls it positionally
-    return await client._dispatcher.send_raw_request("tools/call", data["params"], opts)
+    dispatcher = client._dispatcher
+    return await in_order(lambda options: dispatcher.send_raw_request("tools/call", data["params"], options), opts)
 
 
 def tool_result(raw: Mapping[str, Any]) -> ToolOutput:

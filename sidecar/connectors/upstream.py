@@ -43,7 +43,7 @@ from sidecar.connectors.launch import (
 )
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
-from sidecar.connectors.progress import ProgressChain
+from sidecar.connectors.progress import in_order
 from sidecar.errors import ToolError, find_error
 from sidecar.text import preview
 
@@ -157,17 +157,13 @@ class Upstream:
                     return await lane.request(
                         method, params or {}, request_id=ours, on_progress=options.get("on_progress")
                     )
-            # The dispatcher relays each progress in a task of its own: chained, and the last awaited
-            # before the response goes back (connectors/progress.py).
-            on_progress = options.get("on_progress")
-            chain = ProgressChain(on_progress) if on_progress is not None else None
-            if chain is not None:
-                options["on_progress"] = chain.follow
             # A task of its own (wait_for): the SDK server cancels a handler again at every checkpoint
             # (anyio scopes), and only a separate task lets the dispatcher's notifications/cancelled
             # reach the connector when the client cancels.
-            sent = asyncio.wait_for(dispatcher.send_raw_request(method, params, options), CALL_TIMEOUT)
-            return await (sent if chain is None else chain.answer(sent))
+            return await in_order(
+                lambda opts: asyncio.wait_for(dispatcher.send_raw_request(method, params, opts), CALL_TIMEOUT),
+                options,
+            )
         except TimeoutError:
             raise MCPError(code=REQUEST_TIMEOUT, message=f"{method} took longer than {CALL_TIMEOUT:.0f}s") from None
         except MCPError as exc:

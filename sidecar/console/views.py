@@ -16,13 +16,12 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from sidecar.appkeys import APPROVALS, CONNECTORS, HUB, PATHS, REGISTRY, SESSIONS, TRUST
+from sidecar.appkeys import APPROVALS, AUDIT_CHAIN, CONNECTORS, HUB, PATHS, REGISTRY, SESSIONS, TRUST
 from sidecar.bus.registry import ToolRegistry
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.trustkey import package_digest
 from sidecar.control import connector_body, status_header
 from sidecar.errors import ConfigError
-from sidecar.store.auditverify import VerifiedChain
 
 __all__ = ["AUDIT_LIMIT", "audit_view", "connector_view", "overview"]
 
@@ -32,8 +31,6 @@ _AUDIT_TAIL_BYTES: Final = 2 * 1024 * 1024
 """How much of the end of the audit log the view reads: the latest records, never the whole file."""
 _FIELD_CHARS: Final = 200
 """Characters of one audit field the view sends; the log holds shapes and names, never long values."""
-_CHAINS: dict[Path, VerifiedChain] = {}
-"""The audit log's last verdict, per log (one per daemon; a process hosting many, the tests, clears it)."""
 
 
 def overview(app: web.Application) -> dict[str, Any]:
@@ -105,9 +102,7 @@ async def audit_view(app: web.Application, *, session: str | None, tool: str | N
     """The latest audit records (at most ``AUDIT_LIMIT``), filtered by session and tool, and the chain's
     verdict (``sidecar audit --verify``)."""
     path = app[PATHS].audit_file
-    if path not in _CHAINS and len(_CHAINS) >= 16:
-        _CHAINS.clear()
-    chain = _CHAINS.setdefault(path, VerifiedChain(path))
+    chain = app[AUDIT_CHAIN]
     records, report = await asyncio.to_thread(lambda: (_tail(path, session=session, tool=tool), chain.report()))
     return {
         "records": records,

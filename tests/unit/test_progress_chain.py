@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from sidecar.connectors.progress import ProgressChain
+from sidecar.connectors.progress import ProgressChain, in_order
 
 WAIT = 5.0
 
@@ -73,3 +74,20 @@ async def test_a_cancelled_call_does_not_wait_for_a_relay_that_hangs() -> None:
         with pytest.raises(asyncio.CancelledError):
             await call
     assert response.cancelled()
+
+
+async def test_in_order_gives_the_dispatcher_a_chained_callback_and_leaves_a_quiet_request_alone() -> None:
+    order: list[str] = []
+    relay = _slow_relay(order).follow  # any Progress: the slow relay, as the caller's callback
+    spawned: list[asyncio.Task[None]] = []
+
+    async def send(options: Any) -> str:  # as the SDK's dispatcher: a task per progress, then the response
+        spawned.extend(asyncio.create_task(options["on_progress"](step, None, None)) for step in (1, 2, 3))
+        await asyncio.sleep(0)  # its read loop yields before it reads the response
+        return "result"
+
+    async with asyncio.timeout(WAIT):
+        order.append(await in_order(send, {"on_progress": relay}))
+        await asyncio.gather(*spawned)
+        assert await in_order(lambda options: asyncio.sleep(0, options), {}) == {}
+    assert order == ["progress 1", "progress 2", "progress 3", "result"]

@@ -41,15 +41,18 @@ async def test_the_call_goes_out_raw_through_the_sessions_own_dispatcher() -> No
 
     client._stamp = stamp
 
+    reported: list[tuple[float, float | None, str | None]] = []
+
     async def progress(progress: float, total: float | None, message: str | None) -> None:
-        return None
+        reported.append((progress, total, message))
 
     got = await call_tool_raw(client, "echo", {"text": "hi"}, on_progress=progress)
     assert got is answer  # not re-typed: the connector's own dict, unknown fields and all
     [(method, params, opts)] = dispatcher.sent
     assert method == "tools/call"
     assert params == {"name": "echo", "arguments": {"text": "hi"}}
-    assert opts["on_progress"] is progress
+    await opts["on_progress"](1, 2, "half")  # the dispatcher's callback reaches the caller's (in order)
+    assert reported == [(1, 2, "half")]
     assert opts["headers"] == {"X-Era": "stamped"}
     assert stamped and stamped[0]["method"] == "tools/call"
 
