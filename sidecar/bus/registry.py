@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from jsonschema import Draft202012Validator
 
@@ -25,6 +25,7 @@ __all__ = [
     "ToolBus",
     "ToolDef",
     "ToolHandler",
+    "ToolOptions",
     "ToolOutput",
     "ToolRegistry",
     "validate_tool_name",
@@ -115,6 +116,17 @@ class ToolDef:
         return self.source
 
 
+class ToolOptions(TypedDict, total=False):
+    """What a built-in tool may declare besides its name, description and risk (``ToolRegistry.add``)."""
+
+    parameters: Mapping[str, Any] | None
+    title: str | None
+    tags: frozenset[str]
+    needs_network: bool
+    defer_loading: bool
+    available: Callable[[Session], bool] | None
+
+
 class ToolRegistry:
     """Holds tool definitions by name; names are unique and never silently replaced."""
 
@@ -124,33 +136,12 @@ class ToolRegistry:
         """Bumped on every add and remove, so caches (the search index) know to refresh."""
 
     def tool(
-        self,
-        *,
-        name: str,
-        description: str,
-        risk: Risk,
-        parameters: Mapping[str, Any] | None = None,
-        title: str | None = None,
-        tags: frozenset[str] = frozenset(),
-        needs_network: bool = False,
-        defer_loading: bool = False,
-        available: Callable[[Session], bool] | None = None,
+        self, *, name: str, description: str, risk: Risk, **options: Unpack[ToolOptions]
     ) -> Callable[[ToolHandler], ToolHandler]:
-        """Decorator registering an async handler as a tool."""
+        """Decorator registering an async handler as a tool; ``options`` as ``add`` takes them."""
 
         def register(handler: ToolHandler) -> ToolHandler:
-            self.add(
-                name=name,
-                description=description,
-                risk=risk,
-                parameters=parameters,
-                handler=handler,
-                title=title,
-                tags=tags,
-                needs_network=needs_network,
-                defer_loading=defer_loading,
-                available=available,
-            )
+            self.add(name=name, description=description, risk=risk, handler=handler, **options)
             return handler
 
         return register
