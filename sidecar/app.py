@@ -71,8 +71,9 @@ from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.approvals import Approval, ApprovalStore
 from sidecar.bus.billing import BillingGate, ManifestSource
 from sidecar.bus.builtins import install_builtins
+from sidecar.bus.deferral import DeferPolicy
 from sidecar.bus.registry import ToolRegistry
-from sidecar.bus.tools import DeferPolicy, ToolService
+from sidecar.bus.tools import ToolService
 from sidecar.config import Settings
 from sidecar.connectors.launch import LaunchContext
 from sidecar.connectors.manager import Connector, ConnectorManager

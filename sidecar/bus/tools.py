@@ -25,6 +25,7 @@ from sidecar.auth.sessions import Session, SessionStore, session_key
 from sidecar.bus.approvals import ApprovalStore, arguments_digest, arguments_shown
 from sidecar.bus.asking import Answer, Asker, Question
 from sidecar.bus.bounds import DEFAULT_MAX_RESULT_CHARS, bound_output
+from sidecar.bus.deferral import DeferPolicy
 from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
 from sidecar.bus.registry import CallContext, Progress, Risk, ToolDef, ToolHandler, ToolRegistry
 from sidecar.bus.search import SearchIndex
@@ -33,7 +34,7 @@ from sidecar.errors import ToolError
 from sidecar.store.audit import AuditLog
 from sidecar.text import preview
 
-__all__ = ["OUTCOME_STATUSES", "BillingCheck", "CallOutcome", "DeferPolicy", "ToolService"]
+__all__ = ["OUTCOME_STATUSES", "BillingCheck", "CallOutcome", "ToolService"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,33 +43,12 @@ OUTCOME_STATUSES: Final = ("ok", "error", "denied", "approval_required", "declin
 """Every ``CallOutcome.status`` (the REST facade's OpenAPI document lists them)."""
 NOT_AVAILABLE: Final = "tool not found or not available in this session"
 REVOKED: Final = "call aborted: the session or route was revoked"
-META_TOOLS: Final = frozenset({"tool_search", "tool_call", "list_connectors"})
-"""Built-ins that are never deferred: they are how deferred tools are reached."""
-_SEARCH_TOOLS: Final = frozenset({"tool_search", "tool_call"})
-"""Without both, a session cannot reach a deferred tool, so nothing is deferred for it."""
 
 
 class BillingCheck(Protocol):
     """The billable gate's interface (``bus/billing.py``); must never raise."""
 
     def check(self, *, scope: str, tool: str) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class DeferPolicy:
-    """Which tools stay out of ``tools/list`` (found with ``tool_search`` instead)."""
-
-    tools: frozenset[str] = frozenset()
-    sources: frozenset[str] = frozenset()
-    auto_above: int = 64
-    """When a session may see more tools than this, every tool but the meta-tools is deferred."""
-
-    def deferred(self, tool: ToolDef, pool_size: int) -> bool:
-        if tool.name in META_TOOLS and tool.source == "builtin":
-            return False
-        return (
-            tool.defer_loading or tool.name in self.tools or tool.source in self.sources or pool_size > self.auto_above
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,17 +152,8 @@ class ToolService:
 
     def partition(self, session: Session) -> tuple[list[ToolDef], list[ToolDef]]:
         """(listed, deferred): what ``tools/list`` shows, and the rest of what the session may see, which
-        it finds with ``tool_search``. A session that may not use both ``tool_search`` and ``tool_call``
-        defers nothing: it could reach none of it (``--allow mcp__<id>__*`` alone lists that connector)."""
-        pool = self.visible(session)
-        meta = {t.name for t in pool if t.source == "builtin" and t.name in _SEARCH_TOOLS}
-        if meta != _SEARCH_TOOLS:
-            return pool, []
-        listed: list[ToolDef] = []
-        deferred: list[ToolDef] = []
-        for tool in pool:
-            (deferred if self._defer.deferred(tool, len(pool)) else listed).append(tool)
-        return listed, deferred
+        it finds with ``tool_search`` (``DeferPolicy.split``)."""
+        return self._defer.split(self.visible(session))
 
     def listed(self, session: Session) -> list[ToolDef]:
         """What ``tools/list`` shows: the visible tools that are not deferred."""

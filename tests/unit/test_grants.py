@@ -15,9 +15,10 @@ import pytest
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.sessions import Mode, Session, SessionStore, validate_pattern
 from sidecar.bus.approvals import ApprovalStore
+from sidecar.bus.deferral import DeferPolicy
 from sidecar.bus.policy import Phase, Verdict, decide, grants_connector, reaches_connector
 from sidecar.bus.registry import CallContext, Risk, ToolDef, ToolOutput, ToolRegistry
-from sidecar.bus.tools import DeferPolicy, ToolService
+from sidecar.bus.tools import ToolService
 from sidecar.config import load_settings
 from sidecar.control import NewSession
 from sidecar.edge.mcp import HINT_TOOLS, deferred_hint
