@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
@@ -208,8 +209,8 @@ class StrictJsonError(ValueError):
 
 
 def loads_strict(raw: bytes | str) -> Any:
-    """JSON as every body and every security-relevant file must be: no NaN/Infinity, no duplicate
-    member names in any object, bounded depth.
+    """JSON as every body and every security-relevant file must be: no NaN/Infinity (spelled so or as a
+    number too large for a float, such as ``1e400``), no duplicate member names in any object, bounded depth.
 
     ``json.loads`` keeps the last of duplicate keys (a second ``"method"`` or ``"command"`` would
     silently win, so what a check read and what runs could differ) and raises ``RecursionError`` on deep
@@ -217,13 +218,22 @@ def loads_strict(raw: bytes | str) -> Any:
     ``StrictJsonError`` for the rest. Member names are compared exactly: ``"Method"`` is another member.
     """
     try:
-        return json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
+        return json.loads(
+            raw, parse_constant=_reject_constant, parse_float=_finite_float, object_pairs_hook=_no_duplicates
+        )
     except RecursionError:
         raise StrictJsonError("it is nested too deeply", "nested too deeply") from None
 
 
 def _reject_constant(name: str) -> Any:
     raise StrictJsonError("NaN and Infinity are not JSON", f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # json.loads turns 1e400 into inf, which no JSON writer can write back
+        raise StrictJsonError("a number is too large", f"{text[:40]} is too large a number")
+    return value
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

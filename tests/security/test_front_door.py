@@ -744,6 +744,7 @@ _TWICE_AT_THE_TOP = (
         ),
         pytest.param(b'"expression":"1+1"', b'"expression":"1+1","expression":"2+2"', id="argument-twice"),
         pytest.param(b'"expression":"1+1"', b'"expression":"1+1","x":NaN', id="nan"),
+        pytest.param(b'"expression":"1+1"', b'"expression":"1+1","x":1e400', id="number-too-large"),
         pytest.param(b'"expression":"1+1"', b'"expression":"1+1",', id="not-json"),
     ],
 )

@@ -427,6 +427,7 @@ def test_a_file_that_is_not_strict_json_is_one_problem(tmp_path: Path) -> None:
     for text, words in [
         ('{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}', "duplicate key 'a'"),
         ('{"mcpServers": {"a": {"command": "x", "timeout": NaN}}}', "NaN is not JSON"),
+        ('{"mcpServers": {"a": {"command": "x", "timeout": 1e400}}}', "1e400 is too large a number"),
         ("[" * 5000, "not valid JSON"),
         ('{"mcpServers": []}', "mcpServers: must be an object"),
         ("[]", "the top level must be an object"),
