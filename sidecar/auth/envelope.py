@@ -35,6 +35,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Final, cast
 
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from sidecar.auth.encoding import b64url_decode, b64url_encode
 from sidecar.canonical import canonical_json
 from sidecar.errors import EnvelopeRejected
@@ -224,6 +227,23 @@ class EnvelopeKeys:
         if kid == self.signing_kid:
             raise ValueError("cannot retire the signing key; rotate first")
         del self._keys[kid]
+
+    def seal(self, purpose: str, data: bytes) -> bytes:
+        """A MAC of ``data`` under the signing key's subkey for ``purpose`` (HKDF), never an envelope's MAC."""
+        return hmac.new(self._subkey(self.signing_kid, purpose), data, hashlib.sha256).digest()
+
+    def unsealed(self, purpose: str, data: bytes, mac: bytes, *, kid: str) -> bool:
+        """Whether ``mac`` is ``seal(purpose, data)`` under key ``kid`` (False for an unknown kid)."""
+        if kid not in self._keys:
+            return False
+        expected = hmac.new(self._subkey(kid, purpose), data, hashlib.sha256).digest()
+        return hmac.compare_digest(expected, mac)  # SECURITY: constant time, bytes only
+
+    def _subkey(self, kid: str, purpose: str) -> bytes:
+        # SECURITY: a subkey per purpose (HKDF, RFC 5869), so a MAC made for a file can never pass as an
+        # envelope's, and the other way round.
+        info = b"sidecar subkey " + purpose.encode("ascii")
+        return HKDF(algorithm=SHA256(), length=KEY_BYTES, salt=None, info=info).derive(self._keys[kid])
 
     def sign(self, claims: SessionClaims) -> str:
         """Serialise and MAC ``claims`` with the newest key. ``ValueError`` if verify would refuse them."""

@@ -11,17 +11,19 @@ session expires. Two things make that so, kept in two places:
 - **``<state>/sessions.json``** (0600, written atomically after every change) — the session records
   (id, project, workspace, mode, grant, network, times, owner process) and, per route, the SHA-256 of
   each token handed out with the latest expiry of its sessions. **Never a token**: the file alone
-  opens nothing, since a request needs the token itself, which only the hosts hold.
+  opens nothing, since a request needs the token itself, which only the hosts hold. It carries a MAC
+  under a subkey of the envelope key (``EnvelopeKeys.seal``), so a file changed by anything but the
+  daemon (a digest of someone else's token added, an ended session put back) is refused as a whole.
 
 ``session end``, ``routes rotate``, untrusting a connector and expiry change the file at once, so a
 revocation survives a restart; a file that cannot be written is removed (what it held is forgotten:
 fail closed). While the daemon stops it ends its sessions and routes in memory, but the journal is
 closed first (``close``): those ends are the daemon's, not the user's, and are not written.
 
-A file that is unreadable, corrupt or of another version, or a key that is missing or does not match
-the file, starts the daemon clean — no session from before the restart — with one log line saying why;
-it never stops the daemon. Everything here is synchronous: ``load`` and ``signing_keys`` may ask the OS
-keyring, so callers run them off the event loop.
+A file that is unreadable, corrupt, of another version or not sealed by the daemon, or a key that is
+missing or does not match the file, starts the daemon clean — no session from before the restart —
+with one log line saying why; it never stops the daemon. Everything here is synchronous: ``load`` and
+``signing_keys`` may ask the OS keyring, so callers run them off the event loop.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from sidecar.auth.envelope import KEY_BYTES, EnvelopeKeys
 from sidecar.auth.owners import Owner
 from sidecar.auth.routes import CarriedToken
 from sidecar.auth.sessions import Mode, Session, validate_pattern
+from sidecar.canonical import canonical_json
 from sidecar.errors import SidecarError, StorageError
 from sidecar.store.credentials import CredentialStore, RecordId
 from sidecar.store.files import read_json, remove_quietly, write_json
@@ -52,7 +55,9 @@ __all__ = ["KEY_RECORD", "STATE_VERSION", "Restored", "StateJournal"]
 
 logger = logging.getLogger(__name__)
 
-STATE_VERSION: Final = 1
+STATE_VERSION: Final = 2
+"""2 added the MAC; a file of version 1 (written before it) is refused like any other unsealed file."""
+SEAL_PURPOSE: Final = "sessions.json"
 KEY_RECORD: Final = RecordId(connector="sidecar:sessions", account="envelope-key", issuer="daemon")
 """The credential-store record of the envelope key (``:`` keeps it apart from every connector's)."""
 
@@ -100,8 +105,10 @@ class _TokenModel(_Model):
 
 
 class _StateModel(_Model):
-    version: Literal[1]
+    version: Literal[2]
     kid: str | None = Field(max_length=32)
+    mac: str | None = Field(pattern=r"^[A-Za-z0-9_-]{43}$")
+    """The envelope key's ``sessions.json`` subkey over the rest of the document (canonical JSON)."""
     sessions: list[_SessionModel] = Field(max_length=100_000)
     tokens: dict[str, list[_TokenModel]]
 
@@ -134,9 +141,21 @@ class StateJournal:
     def load(self) -> Restored:
         """The live sessions and tokens of the last run; ``Restored()`` (a clean start) when there are
         none, or the file or the key cannot be trusted (said in one log line)."""
-        state = self._read_file()
-        if state is None:
+        read = self._read_file()
+        if read is None:
             return Restored()
+        state, data = read
+        keys = None
+        if state.sessions or state.tokens:
+            keys = self._stored_keys(expected_kid=state.kid)
+            if keys is None:
+                self._start_clean("the envelope key in the credential store is missing, unreadable or not the one")
+                return Restored()
+            # SECURITY: a file changed by anyone but the daemon (a process of the user's with write access
+            # to the state directory) could add a token digest of its own or bring back an ended session.
+            if not _sealed_by(keys, state, data):
+                self._start_clean("it was changed outside the daemon (its MAC does not match); refused as a whole")
+                return Restored()
         now = self._clock()
         try:
             sessions = [s.session() for s in state.sessions if s.expires_at > now]
@@ -148,18 +167,13 @@ class StateJournal:
         except (SidecarError, ValueError) as exc:
             self._start_clean(f"it holds an invalid entry ({exc})")
             return Restored()
-        keys = None
-        if sessions:
-            keys = self._stored_keys(expected_kid=state.kid)
-            if keys is None:
-                self._start_clean("the envelope key in the credential store is missing, unreadable or not the one")
-                return Restored()
+        if keys is not None:
             self._keys, self._kid = keys, state.kid
         self._sessions, self._tokens = sessions, tokens
         logger.info("kept across the restart: %d sessions, tokens of %d routes", len(sessions), len(tokens))
         return Restored(sessions=sessions, keys=keys, tokens=tokens)
 
-    def _read_file(self) -> _StateModel | None:
+    def _read_file(self) -> tuple[_StateModel, dict[str, Any]] | None:
         try:
             data = read_json(self.path)
         except FileNotFoundError:
@@ -168,7 +182,7 @@ class StateJournal:
             self._start_clean(str(exc))
             return None
         try:
-            return _StateModel.model_validate(data)
+            return _StateModel.model_validate(data), data
         except ValidationError as exc:
             self._start_clean(f"it is not a sessions file of version {STATE_VERSION} ({_first_error(exc)})")
             return None
@@ -242,7 +256,10 @@ class StateJournal:
         if self._closed:
             return
         try:
-            write_json(self.path, self._document())
+            document = self._document()
+            if self._closed:  # the key could not be stored: nothing is kept across a restart
+                return
+            write_json(self.path, document)
         except (StorageError, OSError) as exc:
             # SECURITY: a file we cannot update could bring an ended session back: forget it all instead.
             logger.error("cannot write %s (%s); removing it: sessions will not survive a restart", self.path, exc)
@@ -253,15 +270,32 @@ class StateJournal:
 
     def _document(self) -> dict[str, Any]:
         now = self._clock()
-        return {
-            "version": STATE_VERSION,
-            "kid": self._kid,
-            "sessions": [_session_entry(s) for s in self._sessions if not s.expired(now)],
-            "tokens": {
-                name: [{"digest": b64url_encode(t.digest), "until": t.until} for t in kept if t.until > now]
-                for name, kept in sorted(self._tokens.items())
-            },
+        sessions = [_session_entry(s) for s in self._sessions if not s.expired(now)]
+        tokens = {
+            name: [{"digest": b64url_encode(t.digest), "until": t.until} for t in kept if t.until > now]
+            for name, kept in sorted(self._tokens.items())
         }
+        keys = self._keys
+        if keys is None and (sessions or tokens):
+            keys = self.signing_keys()  # what is handed out needs the key anyway; sets self._kid
+        document: dict[str, Any] = {"version": STATE_VERSION, "kid": self._kid, "sessions": sessions, "tokens": tokens}
+        document["mac"] = b64url_encode(keys.seal(SEAL_PURPOSE, _sealed_bytes(document))) if keys is not None else None
+        return document
+
+
+def _sealed_bytes(document: Mapping[str, Any]) -> bytes:
+    """What the MAC covers: the whole document but its ``mac``, as canonical JSON."""
+    return canonical_json({key: value for key, value in document.items() if key != "mac"})
+
+
+def _sealed_by(keys: EnvelopeKeys, state: _StateModel, data: Mapping[str, Any]) -> bool:
+    if state.mac is None or state.kid is None:
+        return False
+    try:
+        mac = b64url_decode(state.mac)
+    except ValueError:
+        return False
+    return keys.unsealed(SEAL_PURPOSE, _sealed_bytes(data), mac, kid=state.kid)
 
 
 def _session_entry(session: Session) -> dict[str, Any]:

@@ -17,11 +17,15 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
 
+from sidecar.auth.persist import StateJournal
+from sidecar.paths import Paths
+from sidecar.store.credentials import CredentialStore, DeferredKey
 from tests.conftest import (
     STOP_TIMEOUT,
     Daemon,
@@ -50,6 +54,19 @@ def _start(home: Path, daemons: list[DaemonProcess], port: int = 0) -> DaemonPro
     daemon = start_daemon_process(home, "--port", str(port))  # the last --port wins
     daemons.append(daemon)
     return daemon
+
+
+def _expire_offline(home: Path, session_id: str) -> None:
+    """Rewrite sessions.json as the daemon would once ``session_id`` expired: read, changed, sealed by the
+    journal itself (an edit by hand is refused as a whole)."""
+    paths = Paths.resolve(sidecar_env(home))
+    key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
+    journal = StateJournal(paths.state / "sessions.json", CredentialStore(paths.data / "credentials.enc", key))
+    restored = journal.load()
+    assert session_id in [s.id for s in restored.sessions]
+    journal.sessions_changed(
+        replace(s, expires_at=s.created_at - 1) if s.id == session_id else s for s in restored.sessions
+    )
 
 
 def _runtime(daemon: DaemonProcess) -> dict[str, Any]:
@@ -102,12 +119,7 @@ async def test_a_session_made_before_a_restart_connects_after_it_and_ended_expir
     stop_daemon_process(first)  # SIGTERM: a graceful stop, as a service manager's restart
 
     # The clock passes the short session's expiry while the daemon is down (its TTL is at least 60 s).
-    state = home / "state" / "sessions.json"
-    document = json.loads(state.read_text())
-    for entry in document["sessions"]:
-        if entry["id"] == expiring["session_id"]:
-            entry["expires_at"] = entry["created_at"] - 1
-    state.write_text(json.dumps(document))
+    _expire_offline(home, expiring["session_id"])
 
     second = _start(home, daemons, port)
     assert _runtime(second)["url"] == kept["url"].removesuffix("/mcp")

@@ -6,15 +6,19 @@ the next daemon builds them (``app._auth``); the daemon itself is restarted in `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sidecar.auth.encoding import b64url_encode
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.persist import KEY_RECORD, StateJournal
 from sidecar.auth.routes import RouteRegistry
@@ -162,7 +166,7 @@ def test_expiry_ends_sessions_and_tokens_across_a_restart(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     "content",
-    [b"not json", b'{"version": 2, "kid": null, "sessions": [], "tokens": {}}', b"[]", b'{"version": 1}'],
+    [b"not json", b'{"version": 3, "kid": null, "mac": null, "sessions": [], "tokens": {}}', b"[]", b'{"version": 2}'],
     ids=["not-json", "other-version", "not-an-object", "missing-members"],
 )
 def test_a_corrupt_file_starts_clean_with_a_log_line(
@@ -183,7 +187,7 @@ def test_a_corrupt_file_starts_clean_with_a_log_line(
     with pytest.raises(Unauthorized):
         second.routes.authenticate(ROUTE, token)
     _session(second, tmp_path)  # and it works on, writing a good file again
-    assert json.loads(second.journal.path.read_text())["version"] == 1
+    assert json.loads(second.journal.path.read_text())["version"] == 2
 
 
 def test_a_lost_key_starts_clean(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -239,3 +243,71 @@ def test_no_key_is_read_or_made_until_a_session_needs_one(tmp_path: Path) -> Non
         daemon.sessions.verify("v1.abc.e30.AAAA")
     _session(daemon, tmp_path)
     assert (tmp_path / "data" / "credentials.key").exists()
+
+
+def _edited(tmp_path: Path, change: Callable[[dict[str, Any]], None], caplog: pytest.LogCaptureFixture) -> Daemon:
+    """A daemon started after ``change`` was made to the file a first run left."""
+    clock = [NOW]
+    first = _start(tmp_path, clock)
+    _session(first, tmp_path)
+    _stop(first)
+    document = json.loads(first.journal.path.read_text())
+    change(document)
+    first.journal.path.write_text(json.dumps(document))
+    with caplog.at_level(logging.WARNING, logger="sidecar.auth.persist"):
+        return _start(tmp_path, clock)
+
+
+def test_an_ended_session_put_back_by_hand_is_refused_with_the_whole_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [NOW]
+    first = _start(tmp_path, clock)
+    _, kept, token = _session(first, tmp_path)
+    ended_id, ended, _ = _session(first, tmp_path)
+    before_end = json.loads(first.journal.path.read_text())
+    first.sessions.end(ended_id)
+    _stop(first)
+    after_end = json.loads(first.journal.path.read_text())
+    after_end["sessions"] = before_end["sessions"]  # the ended session back, the MAC left as it was
+    first.journal.path.write_text(json.dumps(after_end))
+
+    with caplog.at_level(logging.WARNING, logger="sidecar.auth.persist"):
+        second = _start(tmp_path, clock)
+    assert "changed outside the daemon" in caplog.text
+    assert second.sessions.list() == []  # refused as a whole: the untouched session is gone too
+    for envelope in (kept, ended):
+        with pytest.raises(EnvelopeRejected):
+            second.sessions.verify(envelope)
+    with pytest.raises(Unauthorized):
+        second.routes.authenticate(ROUTE, token)
+
+
+def test_a_token_digest_added_by_hand_opens_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    planted = "planted-token-" + "x" * 30
+    digest = b64url_encode(hashlib.sha256(planted.encode()).digest())
+
+    def plant(document: dict[str, Any]) -> None:
+        document["tokens"][ROUTE].append({"digest": digest, "until": int(NOW) + 3600})
+
+    second = _edited(tmp_path, plant, caplog)
+    assert "changed outside the daemon" in caplog.text
+    with pytest.raises(Unauthorized):
+        second.routes.authenticate(ROUTE, planted)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda d: d.update(mac=None), id="mac-removed"),
+        pytest.param(lambda d: d.update(version=1) or d.pop("mac"), id="unsealed-version-1"),
+        pytest.param(lambda d: d.update(mac="A" * 43), id="mac-replaced"),
+        pytest.param(lambda d: d["sessions"][0].update(mode="bypass"), id="mode-widened"),
+    ],
+)
+def test_a_file_not_sealed_by_the_daemon_starts_clean(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    second = _edited(tmp_path, change, caplog)
+    assert "starting with no sessions from before the restart" in caplog.text
+    assert second.sessions.list() == []
