@@ -73,6 +73,8 @@ class SessionChange(_Body):
     mode: str | None = None
     allow: list[str] | None = Field(default=None, max_length=256)
     network: bool | None = None
+    agent_pid: int | None = Field(default=None, gt=1, le=2**22)
+    """A second process the session ends with (``sidecar exec``'s agent); once per session."""
 
 
 async def _parse(request: web.Request, model: type[_B]) -> _B:
@@ -175,9 +177,10 @@ async def get_session(request: web.Request) -> web.Response:
 
 async def change_session(request: web.Request) -> web.Response:
     change = await _parse(request, SessionChange)
-    session = request.app[SESSIONS].update(
-        request.match_info["session_id"], mode=change.mode, allow=change.allow, network=change.network
-    )
+    sessions, session_id = request.app[SESSIONS], request.match_info["session_id"]
+    if change.agent_pid is not None:
+        sessions.name_agent(session_id, Owner.of(change.agent_pid))
+    session = sessions.update(session_id, mode=change.mode, allow=change.allow, network=change.network)
     return json_response(session.public())
 
 

@@ -3,7 +3,9 @@
 ``sidecar exec`` ends its session when the agent exits, but a SIGKILL of ``sidecar exec`` itself runs
 none of its code. So its session names its owner, the exec process, by (pid, start time) — a pid alone
 is reused once its process is reaped, and a session must not live on for whichever process gets it next
-— and the daemon looks every ``interval`` seconds: a session whose owner is gone is ended. The owner is
+— and the daemon looks every ``interval`` seconds, and keeps a pidfd of each owner where it can: a
+session whose owner is gone is ended. ``sidecar exec`` also names its agent as a second owner, so an
+agent that stops (SIGSTOP) its exec and exits still ends the session. The owner is
 kept with the session across daemon restarts, and the first look after a start ends the sessions whose
 owner died while the daemon was down.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -60,19 +63,42 @@ async def watching_owners(
     *,
     interval: float = CHECK_INTERVAL,
 ) -> AsyncIterator[None]:
-    """While inside, end (``end(session_id)``) every session of ``owned()`` whose owner is gone."""
+    """While inside, end (``end(session_id)``) every session of ``owned()`` whose owner is gone.
+
+    Each look (every ``interval`` seconds) also opens a pidfd for each owner it finds alive, where the
+    platform has them (Linux 5.3+): the session then ends the moment that process exits, not at the next
+    look, and a pid reused meanwhile cannot be mistaken for the owner.
+    """
+    loop = asyncio.get_running_loop()
+    pidfds: dict[tuple[str, Owner], int] = {}
+
+    def forget(key: tuple[str, Owner]) -> None:
+        fd = pidfds.pop(key, None)
+        if fd is not None:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+    def ended(session_id: str, owner: Owner) -> None:
+        forget((session_id, owner))
+        logger.info("session %s ends: its owner process %d exited", session_id, owner.pid)
+        try:
+            end(session_id)
+        except NotFound:
+            pass  # ended meanwhile
+        except Exception:  # one failure must not stop the watch for every other session
+            logger.exception("could not end session %s", session_id)
 
     async def watch() -> None:
         while True:
-            for session_id, owner in list(owned()):
+            live = set(owned())
+            for key in [key for key in pidfds if key not in live]:
+                forget(key)
+            for session_id, owner in live:
                 if owner.gone():
-                    logger.info("session %s ends: its owner process %d exited", session_id, owner.pid)
-                    try:
-                        end(session_id)
-                    except NotFound:
-                        pass  # ended meanwhile
-                    except Exception:  # one failure must not stop the watch for every other session
-                        logger.exception("could not end session %s", session_id)
+                    ended(session_id, owner)
+                elif (session_id, owner) not in pidfds and (fd := _pidfd(owner)) is not None:
+                    pidfds[(session_id, owner)] = fd
+                    loop.add_reader(fd, ended, session_id, owner)  # readable once the process exits
             await asyncio.sleep(interval)
 
     task = asyncio.create_task(watch(), name="sidecar-session-owners")
@@ -82,3 +108,20 @@ async def watching_owners(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        for key in list(pidfds):
+            forget(key)
+
+
+def _pidfd(owner: Owner) -> int | None:
+    """A pidfd of the owner's process, or None (no pidfds here, or the process is gone or not the owner)."""
+    pidfd_open = getattr(os, "pidfd_open", None)
+    if pidfd_open is None:
+        return None
+    try:
+        fd: int = pidfd_open(owner.pid)
+    except OSError:
+        return None
+    if owner.gone():  # SECURITY: the pid may name another process by now; the fd must be the owner's
+        os.close(fd)
+        return None
+    return fd

@@ -70,6 +70,9 @@ class _OwnerModel(_Model):
     pid: int = Field(gt=1)
     start: int | None
 
+    def owner(self) -> Owner:
+        return Owner(self.pid, self.start)
+
 
 class _SessionModel(_Model):
     id: str = Field(pattern=r"^s_[A-Za-z0-9_-]{22}$")
@@ -81,11 +84,11 @@ class _SessionModel(_Model):
     created_at: int = Field(ge=0)
     expires_at: int = Field(ge=0)
     owner: _OwnerModel | None
+    agent: _OwnerModel | None
 
     def session(self) -> Session:
         for pattern in self.allow:
             validate_pattern(pattern)
-        owner = Owner(self.owner.pid, self.owner.start) if self.owner is not None else None
         return Session(
             id=self.id,
             project_id=self.project_id,
@@ -95,7 +98,8 @@ class _SessionModel(_Model):
             network=self.network,
             created_at=self.created_at,
             expires_at=self.expires_at,
-            owner=owner,
+            owner=self.owner.owner() if self.owner is not None else None,
+            agent=self.agent.owner() if self.agent is not None else None,
         )
 
 
@@ -298,8 +302,11 @@ def _sealed_by(keys: EnvelopeKeys, state: _StateModel, data: Mapping[str, Any]) 
     return keys.unsealed(SEAL_PURPOSE, _sealed_bytes(data), mac, kid=state.kid)
 
 
+def _owner_entry(owner: Owner | None) -> dict[str, Any] | None:
+    return {"pid": owner.pid, "start": owner.start} if owner is not None else None
+
+
 def _session_entry(session: Session) -> dict[str, Any]:
-    owner = session.owner
     return {
         "id": session.id,
         "project_id": session.project_id,
@@ -309,7 +316,8 @@ def _session_entry(session: Session) -> dict[str, Any]:
         "network": session.network,
         "created_at": session.created_at,
         "expires_at": session.expires_at,
-        "owner": {"pid": owner.pid, "start": owner.start} if owner is not None else None,
+        "owner": _owner_entry(session.owner),
+        "agent": _owner_entry(session.agent),
     }
 
 

@@ -79,6 +79,8 @@ class Session:
     expires_at: int
     owner: Owner | None = None
     """The process this session ends with (``sidecar exec``), or None: it lives until ended or expired."""
+    agent: Owner | None = None
+    """A second process it ends with: the agent ``sidecar exec`` runs, which could stop its exec."""
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at
@@ -95,7 +97,12 @@ class Session:
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "owner_pid": self.owner.pid if self.owner is not None else None,
+            "agent_pid": self.agent.pid if self.agent is not None else None,
         }
+
+    def owners(self) -> tuple[Owner, ...]:
+        """The processes this session ends with, as soon as any one of them is gone."""
+        return tuple(owner for owner in (self.owner, self.agent) if owner is not None)
 
 
 class SessionJournal(Protocol):
@@ -179,8 +186,8 @@ class SessionStore:
         return self._keys
 
     def owned(self) -> list[tuple[str, Owner]]:
-        """(session id, owner) of every live session that ends with a process."""
-        return [(s.id, s.owner) for s in self._sessions.values() if s.owner is not None]
+        """(session id, owner) for each process a live session ends with (a session may name two)."""
+        return [(s.id, owner) for s in self._sessions.values() for owner in s.owners()]
 
     def create(
         self,
@@ -302,6 +309,8 @@ class SessionStore:
     ) -> Session:
         """Change a session's grant; it applies to the next call (and listeners send list_changed)."""
         session = self.get(session_id)
+        if mode is None and allow is None and network is None:
+            return session  # nothing asked to change: no write, no list_changed
         changed = replace(
             session,
             mode=self._mode(mode) if mode is not None else session.mode,
@@ -311,6 +320,17 @@ class SessionStore:
         self._sessions[session_id] = changed
         self._save()
         self._emit(changed, "updated")
+        return changed
+
+    def name_agent(self, session_id: str, agent: Owner) -> Session:
+        """Make the session end with ``agent`` too (``sidecar exec``'s agent); once per session.
+
+        Only ever shortens a session's life, so it changes no grant and tells no listener."""
+        session = self.get(session_id)
+        if session.agent is not None:
+            raise RequestRejected(f"session {session_id} already ends with process {session.agent.pid}")
+        changed = self._sessions[session_id] = replace(session, agent=agent)
+        self._save()
         return changed
 
     def end(self, session_id: str) -> int:

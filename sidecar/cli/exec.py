@@ -13,9 +13,11 @@ secrets:
 The agent runs without a shell, in this process's process group, so a terminal's Ctrl-C reaches it
 directly; signals sent to ``sidecar exec`` alone (a service manager's SIGTERM, ``kill``) are passed on.
 Its exit code is ours (128 + N when a signal N ended it), and the session ends when it exits, however
-it exits. The session names this process as its owner, so should ``sidecar exec`` itself be killed
-outright (SIGKILL runs none of its code), the daemon ends the session within a second or so
-(``auth.owners``).
+it exits. The session names this process and the agent as its owners (``auth.owners``): should
+``sidecar exec`` be killed outright (SIGKILL runs none of its code) or stopped (an agent can SIGSTOP its
+parent, then exit), the daemon ends the session when either process is gone. The agent is named before
+it runs a single instruction of its own: it starts held on a pipe, and is let go only once the daemon
+knows its pid, so it cannot stop ``sidecar exec`` in between.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -82,8 +85,12 @@ def cmd_exec(args: argparse.Namespace, paths: Paths) -> int:
     client = ControlClient(paths)
     created = client.call("POST", "/control/sessions", _session_body(args))
     session_id = str(created["session_id"])
+
+    def name_agent(pid: int) -> None:
+        client.call("PATCH", f"/control/sessions/{session_id}", {"agent_pid": pid})
+
     try:
-        return _run(command, agent_environment(created, dict(os.environ)))
+        return _run(command, agent_environment(created, dict(os.environ)), name_agent)
     finally:
         # A new client: the daemon may have restarted meanwhile (same port, new control token); the session
         # outlived that. Already ended (by the user, or its owner watch) or no daemon: nothing to do.
@@ -98,16 +105,45 @@ def _session_body(args: argparse.Namespace) -> dict[str, Any]:
     return body
 
 
+_HOLD: Final = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "if os.read(fd, 1) != b'g':\n"
+    "    sys.exit(126)\n"
+    "os.close(fd)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+"""What the agent's process runs until it is let go: wait for the byte, then become the agent."""
+
+
 def _project_of(workspace: Path) -> str:
     name = _PROJECT_UNSAFE.sub("-", workspace.name).strip("-._:/@")[:128]
     return name or "default"
 
 
-def _run(command: Sequence[str], env: dict[str, str]) -> int:
+def _run(command: Sequence[str], env: dict[str, str], name_agent: Callable[[int], None]) -> int:
+    """Run the agent to its end; ``name_agent(pid)`` is called while it is held, before it runs."""
+    if shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
+        raise SidecarError(f"cannot run {command[0]!r}: no such program")
+    go_read, go_write = os.pipe()
     try:
-        agent = subprocess.Popen(command, env=env)  # noqa: S603 - argv as given, never through a shell
+        # The agent starts as a small holder that waits for one byte on the pipe, then execs the agent
+        # (same pid, same environment): nothing of the agent's own runs until we say so.
+        holder = [sys.executable, "-I", "-S", "-c", _HOLD, str(go_read), *command]
+        agent = subprocess.Popen(holder, env=env, pass_fds=(go_read,))  # noqa: S603 - argv, never a shell
     except OSError as exc:
+        os.close(go_write)
         raise SidecarError(f"cannot run {command[0]!r}: {exc.strerror}") from None
+    finally:
+        os.close(go_read)
+    try:
+        name_agent(agent.pid)
+    except BaseException:
+        os.close(go_write)  # the holder reads EOF and exits without running the agent
+        agent.wait()
+        raise
+    os.write(go_write, b"g")
+    os.close(go_write)
     with _forwarding(agent):
         while True:
             try:

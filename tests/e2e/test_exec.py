@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+import psutil
 import pytest
 
 from tests.conftest import DaemonProcess
@@ -148,6 +149,72 @@ def test_an_agent_that_cannot_start_is_a_clear_error_and_leaves_no_session(
 
     missing = _exec(daemon_process, cwd=tmp_path)
     assert missing.returncode == 1 and "sidecar exec -- claude" in missing.stderr
+
+
+STOPPER: Final = textwrap.dedent(
+    """
+    import json, os, signal, sys, time, urllib.error, urllib.request
+
+    def status() -> int:
+        body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "child", "version": "0"}}}
+        request = urllib.request.Request(os.environ["SIDECAR_MCP_URL"], data=json.dumps(body).encode(), headers={
+            "Authorization": os.environ["SIDECAR_LOCAL_MCP_AUTHORIZATION"],
+            "X-Sidecar-Context": os.environ["SIDECAR_MCP_CONTEXT"],
+            "Content-Type": "application/json", "Accept": "application/json, text/event-stream"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return answer.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    used, using = os.pipe()
+    if os.fork() == 0:  # a detached child that keeps the agent's environment, and uses it afterwards
+        os.setsid()
+        if os.fork() == 0:
+            first = status()
+            os.write(using, b"1")  # the agent goes on only once its child has used the session
+            deadline = time.monotonic() + 5  # issue 21: the session ends within 5 s of the agent
+            while (last := status()) == 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with open(sys.argv[1] + ".tmp", "w") as out:
+                json.dump([first, last], out)
+            os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+        os._exit(0)
+    os.read(used, 1)
+    os.kill(os.getppid(), signal.SIGSTOP)  # sidecar exec can no longer end the session when we exit
+    """
+)
+
+
+def test_an_agent_that_stops_its_exec_and_exits_loses_its_session(
+    daemon_process: DaemonProcess, tmp_path: Path
+) -> None:
+    agent, report = tmp_path / "agent.py", tmp_path / "child.json"
+    agent.write_text(STOPPER)
+    exec_process = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "exec", "--", sys.executable, str(agent), str(report)],
+        env=daemon_process.env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        stopped = psutil.Process(exec_process.pid)
+        deadline = time.monotonic() + BOUND
+        while not report.exists():  # the detached child reports once the session refuses it
+            assert time.monotonic() < deadline, "the detached child never reported"
+            time.sleep(0.05)
+        assert stopped.status() == psutil.STATUS_STOPPED  # sidecar exec never ran again meanwhile
+        first, last = json.loads(report.read_text())
+        assert first == 200, "the child could not use the session while the agent ran"
+        assert last == 403, "the session outlived its agent"
+        assert _sessions(daemon_process).strip() == "[]"
+        ended = _audit(daemon_process, "session.ended")
+        assert len(ended) == 1
+    finally:
+        exec_process.kill()
+        exec_process.wait(timeout=BOUND)
 
 
 HOST: Final = textwrap.dedent(

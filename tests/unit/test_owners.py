@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+from asyncio.subprocess import PIPE
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,40 @@ async def test_a_session_ends_once_its_owner_is_gone_and_others_live_on(tmp_path
         sessions.verify(orphan_envelope)
     assert sessions.verify(mine_envelope).id == mine.id
     assert {s.id for s in sessions.list()} == {mine.id, free.id}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds on this platform")
+async def test_a_session_ends_the_moment_its_agent_exits_not_at_the_next_look(tmp_path: Path) -> None:
+    sessions = SessionStore(InflightTracker(), default_ttl=3600, max_ttl=7200)
+    ended: list[str] = []
+    sessions.subscribe(lambda session, event: ended.append(session.id) if event == "ended" else None)
+    agent = await asyncio.create_subprocess_exec(sys.executable, "-c", "import sys; sys.stdin.read()", stdin=PIPE)
+    try:
+        session, _ = sessions.create(project_id="p", workspace=str(tmp_path), owner=Owner.of(os.getpid()))
+        sessions.name_agent(session.id, Owner.of(agent.pid))
+        assert sessions.get(session.id).public()["agent_pid"] == agent.pid
+        # One look an hour: only the pidfd taken at the first look can end the session in time.
+        async with watching_owners(sessions.owned, sessions.end, interval=3600):
+            await asyncio.sleep(0)  # the first look runs
+            assert ended == []
+            assert agent.stdin is not None
+            agent.stdin.close()
+            await agent.wait()
+            async with asyncio.timeout(5):
+                while session.id not in ended:
+                    await asyncio.sleep(0.01)
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+    assert sessions.list() == []
+
+
+def test_a_session_names_its_agent_once(tmp_path: Path) -> None:
+    sessions = SessionStore(InflightTracker(), default_ttl=3600, max_ttl=7200)
+    session, _ = sessions.create(project_id="p", workspace=str(tmp_path))
+    sessions.name_agent(session.id, Owner.of(os.getpid()))
+    with pytest.raises(RequestRejected, match="already ends with"):
+        sessions.name_agent(session.id, Owner.of(os.getppid()))
+    assert [owner.pid for _, owner in sessions.owned()] == [os.getpid()]
