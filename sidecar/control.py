@@ -213,6 +213,11 @@ async def list_approvals(request: web.Request) -> web.Response:
     return json_response({"approvals": [a.public() for a in found]})
 
 
+async def get_approval(request: web.Request) -> web.Response:
+    """One approval with every argument in full (a list bounds each value)."""
+    return json_response(request.app[APPROVALS].get(request.match_info["approval_id"]).public(whole=True))
+
+
 async def allow_approval(request: web.Request) -> web.Response:
     grant = await _parse(request, ApprovalGrant)
     approval = request.app[APPROVALS].allow(request.match_info["approval_id"], remember=grant.remember == "session")
@@ -399,5 +404,6 @@ def add_control_routes(app: web.Application) -> None:
     r.add_post("/control/connectors/{connector_id}/revoke", revoke_connector)
     r.add_get("/oauth/callback", oauth_callback)
     r.add_get("/control/approvals", list_approvals)
+    r.add_get("/control/approvals/{approval_id}", get_approval)
     r.add_post("/control/approvals/{approval_id}/allow", allow_approval)
     r.add_post("/control/approvals/{approval_id}/deny", deny_approval)

@@ -26,13 +26,15 @@ from sidecar.canonical import canonical_json
 from sidecar.errors import Conflict, NotFound
 from sidecar.text import preview
 
-__all__ = ["Approval", "ApprovalState", "ApprovalStore", "arguments_digest", "arguments_shown"]
+__all__ = ["Approval", "ApprovalState", "ApprovalStore", "ShownArgument", "arguments_digest", "arguments_shown"]
 
 PENDING_TTL: Final = 600
 """Seconds a pending or granted-but-unused approval lives (the MCP spec's bound on single-use state)."""
 MAX_PENDING_PER_SESSION: Final = 64
 """Pending approvals one session may hold; the oldest is dropped beyond it."""
-MAX_ARGUMENTS_SHOWN: Final = 2000
+MAX_VALUE_SHOWN: Final = 200
+"""Characters of one argument's value in a list of approvals; the rest is counted, and shown on request."""
+MAX_NAME_SHOWN: Final = 80
 """Characters of an approval's arguments kept for the person deciding (the console, the control API)."""
 
 
@@ -44,14 +46,35 @@ class ApprovalState(enum.StrEnum):
     EXPIRED = "expired"
 
 
-def arguments_shown(arguments: Mapping[str, Any] | None) -> str:
-    """The arguments as the agent sent them, for the person who decides: JSON, escaped, bounded.
+@dataclass(frozen=True, slots=True)
+class ShownArgument:
+    """One top-level argument of a call waiting for approval: its name and its value as JSON text."""
+
+    name: str
+    value: str
+    """The value as JSON, ASCII-escaped (so no control character or lookalike reaches a terminal raw)."""
+
+    def public(self, *, whole: bool) -> dict[str, object]:
+        """Bounded on its own (``more``: how many characters are not shown), or ``whole``."""
+        if whole:
+            return {"name": self.name, "value": self.value, "more": 0}
+        name = self.name if len(self.name) <= MAX_NAME_SHOWN else self.name[: MAX_NAME_SHOWN - 1] + "…"
+        value = self.value[:MAX_VALUE_SHOWN]
+        return {"name": name, "value": value, "more": len(self.value) - len(value)}
+
+
+def arguments_shown(arguments: Mapping[str, Any] | None) -> tuple[ShownArgument, ...]:
+    """The arguments as the agent sent them, for the person who decides: each top-level argument on its
+    own, short values (paths, names, ids) first, so a long value can never push another key out of view.
 
     Kept in memory with the pending approval only (never in the audit log, which records shapes): the
     person approving a call must see what it will do.
     """
-    text = json.dumps(dict(arguments or {}), ensure_ascii=True, default=str, sort_keys=True)
-    return preview(text, MAX_ARGUMENTS_SHOWN, quote=False)
+    shown = [
+        ShownArgument(str(name), json.dumps(value, ensure_ascii=True, default=str, sort_keys=True))
+        for name, value in (arguments or {}).items()
+    ]
+    return tuple(sorted(shown, key=lambda argument: (len(argument.value), argument.name)))
 
 
 def arguments_digest(arguments: Mapping[str, Any] | None) -> str:
@@ -73,10 +96,11 @@ class Approval:
     created_at: float
     expires_at: float
     state: ApprovalState = ApprovalState.PENDING
-    arguments: str = "{}"
-    """``arguments_shown``: the call's arguments as JSON text, escaped and bounded."""
+    arguments: tuple[ShownArgument, ...] = ()
+    """``arguments_shown``: the call's top-level arguments, short values first."""
 
-    def public(self) -> dict[str, object]:
+    def public(self, *, whole: bool = False) -> dict[str, object]:
+        """What the control API and the console show; ``whole``: every argument in full (one approval)."""
         return {
             "approval_id": self.id,
             "session_id": self.session_id,
@@ -87,7 +111,7 @@ class Approval:
             "state": self.state.value,
             "created_at": int(self.created_at),
             "expires_at": int(self.expires_at),
-            "arguments": self.arguments,
+            "arguments": [argument.public(whole=whole) for argument in self.arguments],
         }
 
 
@@ -109,7 +133,14 @@ class ApprovalStore:
         self._listeners.append(listener)
 
     def request(
-        self, *, session_id: str, tool: str, digest: str, kind: str, group: str | None, arguments: str = "{}"
+        self,
+        *,
+        session_id: str,
+        tool: str,
+        digest: str,
+        kind: str,
+        group: str | None,
+        arguments: tuple[ShownArgument, ...] = (),
     ) -> Approval:
         """The pending approval for this exact call, reusing one already waiting. ``arguments`` is what the
         person deciding is shown (``arguments_shown``); the approval is bound to ``digest``."""

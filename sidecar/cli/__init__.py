@@ -244,13 +244,32 @@ def cmd_connectors_install(args: argparse.Namespace, paths: Paths) -> int:
 def cmd_approvals_list(args: argparse.Namespace, paths: Paths) -> int:
     query = "?all=1" if args.all else ""
     approvals = _client(paths).call("GET", f"/control/approvals{query}")["approvals"]
-    lines = [
-        f"{a['approval_id']}  {a['state']:<8}  {a['kind']:<10}  {a['tool']:<32}  session {a['session_id']}"
-        + (f"  group {a['group']}" if a["group"] else "")
-        for a in approvals
-    ]
+    lines = []
+    for a in approvals:
+        lines.append(
+            f"{a['approval_id']}  {a['state']:<8}  {a['kind']:<10}  {a['tool']:<32}  session {a['session_id']}"
+            + (f"  group {a['group']}" if a["group"] else "")
+        )
+        lines.extend(_argument_lines(a))
     _print(args, approvals, "\n".join(lines) or "no pending approvals")
     return 0
+
+
+def cmd_approvals_show(args: argparse.Namespace, paths: Paths) -> int:
+    a = _client(paths).call("GET", f"/control/approvals/{args.approval_id}")
+    head = [f"{key:<10} {a[key]}" for key in ("approval_id", "state", "kind", "tool", "session_id", "group") if a[key]]
+    _print(args, a, "\n".join([*head, "arguments:", *_argument_lines(a)]))
+    return 0
+
+
+def _argument_lines(approval: dict[str, Any]) -> list[str]:
+    """One line per top-level argument, short values first, each bounded on its own with what is left."""
+    lines = []
+    for argument in approval["arguments"]:
+        more = argument["more"]
+        rest = f"  … {more} more characters: sidecar approvals show {approval['approval_id']}" if more else ""
+        lines.append(f"    {argument['name']}: {argument['value']}{rest}")
+    return lines
 
 
 def cmd_approvals_allow(args: argparse.Namespace, paths: Paths) -> int:
@@ -404,6 +423,8 @@ def _access_commands(sub: Any) -> None:
     allow = _command(approvals, "allow", cmd_approvals_allow, "allow a pending call (once)", json=True)
     allow.add_argument("approval_id")
     allow.add_argument("--remember", choices=["session"], help="allow its group for the rest of the session")
+    show = _command(approvals, "show", cmd_approvals_show, "one approval with every argument in full", json=True)
+    show.add_argument("approval_id")
     deny = _command(approvals, "deny", cmd_approvals_deny, "deny a pending call", json=True)
     deny.add_argument("approval_id")
 

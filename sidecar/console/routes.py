@@ -234,6 +234,11 @@ async def api_connector_action(request: web.Request) -> web.Response:
     raise NotFound("no such connector action")
 
 
+async def api_approval(request: web.Request) -> web.Response:
+    _check_api(request)
+    return await control.get_approval(request)
+
+
 async def api_approval_allow(request: web.Request) -> web.Response:
     _check_api(request)
     return await control.allow_approval(request)
@@ -269,6 +274,7 @@ def add_console_routes(app: web.Application) -> None:
     r.add_get(f"{UI_PREFIX}/api/audit", api_audit)
     r.add_get(f"{UI_PREFIX}/api/connectors/{{connector_id}}", api_connector)
     r.add_post(f"{UI_PREFIX}/api/connectors/{{connector_id}}/{{action}}", api_connector_action)
+    r.add_get(f"{UI_PREFIX}/api/approvals/{{approval_id}}", api_approval)
     r.add_post(f"{UI_PREFIX}/api/approvals/{{approval_id}}/allow", api_approval_allow)
     r.add_post(f"{UI_PREFIX}/api/approvals/{{approval_id}}/deny", api_approval_deny)
     r.add_post(f"{UI_PREFIX}/api/sessions/{{session_id}}/end", api_session_end)

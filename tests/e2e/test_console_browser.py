@@ -24,8 +24,9 @@ import httpx2
 import pytest
 from aiohttp import web
 
+from sidecar.bus.approvals import MAX_VALUE_SHOWN
 from tests.conftest import Daemon, mcp_client
-from tests.helpers import ECHO_SERVER, python_server, tool_text, write_user_servers
+from tests.helpers import ECHO_SERVER, python_server, tool_text, trust, write_user_servers
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -184,8 +185,10 @@ async def test_granting_a_pending_approval_runs_the_waiting_call_once(browser: A
             await playwright_api.expect(row).to_contain_text("note_save", timeout=STEP)
             await playwright_api.expect(row).to_contain_text("MEDIUM")
             await playwright_api.expect(row).to_contain_text("billing-demo")
-            await playwright_api.expect(row.locator("pre")).to_have_text('{"text": "ship it <b>today</b>"}')
-            assert await row.locator("pre b").count() == 0  # shown as text, never as markup
+            arguments = row.locator("dl.arguments")
+            await playwright_api.expect(arguments.locator("dt")).to_have_text(["text"])
+            await playwright_api.expect(arguments.locator("dd")).to_have_text(['"ship it <b>today</b>"'])
+            assert await arguments.locator("b").count() == 0  # shown as text, never as markup
             await playwright_api.expect(watched.page.locator("#approval-count")).to_have_text("1")
             await screenshot(watched, "approvals")
             await row.get_by_role("button", name="Allow once").click()
@@ -201,6 +204,28 @@ async def test_granting_a_pending_approval_runs_the_waiting_call_once(browser: A
         "approval.used",
         "approval.requested",
     ]
+
+
+async def test_a_long_argument_is_bounded_on_its_own_and_revealed_on_request(browser: Any, daemon: Daemon) -> None:
+    await trust(daemon, "workspace")
+    session = await daemon.new_session(allow=["mcp__workspace__*"])
+    long = "B" * 5000
+    async with console(browser, daemon) as watched:
+        await show(watched, "approvals")
+        async with mcp_client(session) as client:
+            await client.call_tool("mcp__workspace__write_file", {"content": long, "path": "plan.txt"})
+        arguments = watched.page.locator("#approvals tr dl.arguments")
+        await playwright_api.expect(arguments.locator("dt")).to_have_text(["path", "content"], timeout=STEP)
+        values = arguments.locator("dd code")
+        await playwright_api.expect(values.nth(0)).to_have_text('"plan.txt"')
+        more = f"… {len(long) + 2 - MAX_VALUE_SHOWN} more characters"
+        await playwright_api.expect(arguments.get_by_role("button")).to_have_text([more])
+        await playwright_api.expect(values.nth(1)).to_have_text(('"' + long)[:MAX_VALUE_SHOWN])
+        await screenshot(watched, "approval-long-argument")
+        await arguments.get_by_role("button", name=more).click()
+        await playwright_api.expect(values.nth(1)).to_have_text(f'"{long}"', timeout=STEP)
+        await playwright_api.expect(arguments.get_by_role("button")).to_have_count(0)
+    assert not (daemon.workspace / "plan.txt").exists()
 
 
 async def test_ending_a_session_in_the_console_refuses_its_clients_next_call(browser: Any, daemon: Daemon) -> None:

@@ -206,10 +206,36 @@
       el("td", {}, a.risk ? el("span", { cls: "risk risk-" + a.risk, text: a.risk }) : null),
       el("td", { text: a.kind + (a.group ? " (" + a.group + ")" : "") }),
       el("td", {}, el("code", { text: a.session_id }), el("div", { cls: "muted", text: (a.project_id || "?") + (a.workspace ? " · " + a.workspace : "") })),
-      el("td", {}, el("pre", { text: a.arguments })),
+      el("td", {}, argumentList(a)),
       el("td", { text: when(a.expires_at) }),
       decision,
     );
+  }
+
+  // Each top-level argument on its own line, short values first, each bounded on its own: a long value
+  // cannot push another argument out of view. "N more characters" fetches that approval whole.
+  function argumentList(a) {
+    const list = el("dl", { cls: "arguments" });
+    if (!a.arguments.length) list.append(el("dd", { cls: "muted", text: "no arguments" }));
+    a.arguments.forEach((arg, index) => {
+      const value = el("code", { text: arg.value });
+      const line = el("dd", {}, value);
+      if (arg.more) {
+        const reveal = el("button", { cls: "link", text: "… " + arg.more + " more characters" });
+        reveal.addEventListener("click", async () => {
+          try {
+            const whole = await api("GET", "approvals/" + a.approval_id);
+            value.textContent = whole.arguments[index].value;
+            reveal.remove();
+          } catch (err) {
+            say("could not show the whole argument: " + err.message, true);
+          }
+        });
+        line.append(reveal);
+      }
+      list.append(el("dt", { text: arg.name }), line);
+    });
+    return list;
   }
 
   // --- sessions -----------------------------------------------------------------------------------
