@@ -402,7 +402,7 @@ def _upstream_of(app: web.Application, connector_id: str) -> UpstreamRule | None
     oauth = connector.spec.oauth
     if oauth is None or not app[TRUST].is_trusted(connector.key):
         return None
-    return UpstreamRule.of(oauth["upstream"])
+    return UpstreamRule.of(oauth.upstream)
 
 
 async def _revoke_all(app: web.Application) -> None:

@@ -20,12 +20,12 @@ from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, OAUTH, ROUTES
 from sidecar.auth.owners import Owner
 from sidecar.connectors.launch import LaunchContext, launch_plan
 from sidecar.connectors.manager import Connector
-from sidecar.connectors.spec import OAuthClient
 from sidecar.errors import AuthorizationRefused, NotFound, RequestRejected, StorageError
 from sidecar.http import json_response
 from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
 from sidecar.net.body import read_json
 from sidecar.oauth.broker import PreRegistered
+from sidecar.oauth.declared import OAuthClient
 from sidecar.oauth.provider import ProviderClient
 from sidecar.store.files import read_private
 from sidecar.text import preview
@@ -344,7 +344,7 @@ async def _provider_sign_in(app: web.Application, connector: Connector, given: P
     client_id = given.client_id
     if client_id is None and secret is None:  # a sign-in again: the client the user gave last time
         stored = await app[OAUTH].keeper(connector_id).storage_grant()
-        if stored is not None and stored.client is not None and not oauth.get("client_id"):
+        if stored is not None and stored.client is not None and not oauth.client_id:
             client_id, secret = stored.client.client_id, stored.client.client_secret
     try:
         provider = ProviderClient.of(connector_id, oauth, client_id=client_id, client_secret=secret)

@@ -30,6 +30,7 @@ from mcp.shared.auth import OAuthMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
 from sidecar.errors import AuthorizationRefused
+from sidecar.oauth.declared import Provider
 from sidecar.oauth.flow import PKCE_METHOD, AuthorizationDriver, check_authorization_url, require_s256
 from sidecar.oauth.grant import client_auth
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant, registered_client
@@ -59,25 +60,28 @@ class ProviderClient:
 
     @classmethod
     def of(
-        cls, connector_id: str, oauth: Mapping[str, Any], *, client_id: str | None, client_secret: str | None
+        cls, connector_id: str, provider: Provider, *, client_id: str | None, client_secret: str | None
     ) -> ProviderClient:
-        """From a validated ``oauth-client.json`` (``ConnectorSpec.oauth``) and what the user supplied."""
-        chosen = client_id or oauth.get("client_id")
+        """From a package's declared provider (``ConnectorSpec.oauth``) and what the user supplied."""
+        chosen = client_id or provider.client_id
         if not chosen:
             raise AuthorizationRefused(
                 f"connector {connector_id} names no OAuth client: register one with the provider and run "
                 f"sidecar connectors connect {connector_id} --client-id <id>"
             )
-        keys = ("issuer", "metadata_url", "authorization_endpoint", "token_endpoint", "revocation_endpoint")
         return cls(
             connector_id,
             chosen,
             client_secret,
-            tuple(oauth.get("scopes", ())),
-            dict(oauth.get("authorize_params", {})),
-            bool(oauth.get("pkce", True)),
-            resource=oauth.get("resource"),
-            **{key: oauth.get(key) for key in keys},
+            provider.scopes,
+            dict(provider.authorize_params),
+            provider.pkce,
+            issuer=provider.issuer,
+            metadata_url=provider.metadata_url,
+            authorization_endpoint=provider.authorization_endpoint,
+            token_endpoint=provider.token_endpoint,
+            revocation_endpoint=provider.revocation_endpoint,
+            resource=provider.resource,
         )
 
 
