@@ -41,7 +41,7 @@ from sidecar.appkeys import (
     BILLING,
     CONNECTORS,
     CONSOLE,
-    CREDENTIALS,
+    CREDENTIAL_STORE,
     HUB,
     INFLIGHT,
     INTERNAL_API,
@@ -180,10 +180,10 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         guarded=(paths.config,),
     )
     ensure_private_dir(paths.data)
-    # The key source is chosen when a credential is first stored or read (off the event loop, as every
+    # The key source is chosen when a grant or key is first stored or read (off the event loop, as every
     # store call is): asking the OS keyring costs memory a daemon without sign-ins or sessions never needs.
     key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
-    app[CREDENTIALS] = CredentialStore(paths.data / "credentials.enc", key)
+    app[CREDENTIAL_STORE] = CredentialStore(paths.data / "credentials.enc", key)
     audit.append("daemon.start", pid=runtime.pid)
     yield
     audit.append("daemon.stop", pid=runtime.pid)
@@ -193,7 +193,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
 async def _auth(app: web.Application) -> AsyncIterator[None]:
     settings, paths, audit = app[SETTINGS], app[PATHS], app[AUDIT]
     inflight = app[INFLIGHT] = InflightTracker()
-    journal = app[STATE] = StateJournal(paths.state / "sessions.json", app[CREDENTIALS])
+    journal = app[STATE] = StateJournal(paths.state / "sessions.json", app[CREDENTIAL_STORE])
     restored = await asyncio.to_thread(journal.load)
     app[ROUTES] = RouteRegistry(
         inflight,
@@ -264,7 +264,7 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
             credentials.revoke_connector(connector_id)  # aborts its internal-API calls now
 
     broker = app[OAUTH] = Broker(
-        app[CREDENTIALS],
+        app[CREDENTIAL_STORE],
         redirect_uri=lambda: f"http://127.0.0.1:{runtime.port}{CALLBACK_PATH}",
         audit=audit.append,
     )

@@ -309,7 +309,7 @@ class ProviderSignIn(_Body):
 
 
 async def revoke_connector(request: web.Request) -> web.Response:
-    """Delete a connector's credentials now, abort its calls, revoke them at the AS (RFC 7009)."""
+    """Delete a connector's grant now, abort its calls, revoke its tokens at the AS (RFC 7009)."""
     app, connector_id = request.app, request.match_info["connector_id"]
     app[CONNECTORS].manager.get(connector_id)  # 404 for an unknown id
     return json_response(await app[OAUTH].revoke(connector_id))

@@ -142,7 +142,7 @@ class Broker:
         keeper = self._keepers.get(connector_id)
         if keeper is None or keeper.state is SignIn.NONE:
             if declared:
-                return {"auth": SignIn.UNAUTHORIZED.value, "auth_reason": "not signed in yet"}
+                return {"auth": SignIn.NEEDED.value, "auth_reason": "not signed in yet"}
             return {"auth": SignIn.NONE.value, "auth_reason": None}
         return keeper.public()
 
@@ -161,10 +161,10 @@ class Broker:
                 continue
             if grant is None and connector_id in self.store.unreadable:
                 # SECURITY: a record that fails to decrypt (tampered, truncated, moved) is no sign-in.
-                keeper.set_state(SignIn.UNAUTHORIZED, "the stored sign-in is damaged and was not used; sign in again")
+                keeper.set_state(SignIn.NEEDED, "the stored sign-in is damaged and was not used; sign in again")
                 logger.warning("the stored sign-in of %s does not decrypt; it needs a new sign-in", connector_id)
             elif keeper.state is SignIn.NONE and (declared or grant is not None):
-                keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
+                keeper.set_state(SignIn.NEEDED, "not signed in yet")
 
     # -- sign-in ---------------------------------------------------------------------------------
 
@@ -338,7 +338,7 @@ class Broker:
     # -- revocation ------------------------------------------------------------------------------
 
     async def revoke(self, connector_id: str) -> dict[str, Any]:
-        """Delete the connector's credentials now, stop its calls, and revoke them remotely (RFC 7009)."""
+        """Delete the connector's grant now, stop its calls, and revoke its tokens remotely (RFC 7009)."""
         keeper = self.keeper(connector_id)
         flow = self._flows.get(connector_id)
         if flow is not None and flow.task is not None:
