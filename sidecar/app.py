@@ -11,8 +11,10 @@ later ones. Start-up runs them in order, teardown in reverse:
 3. bus — the tool registry with the built-ins, approvals, the billable gate, the tool service, and the
    hub that tells clients their tools changed;
 4. oauth — the OAuth broker: one grant per remote connector, shared by every session, kept in the
-   credential store; sign-in out of band;
-5. connectors — manifests and trust, processes and relayed connections, their tools in the pool;
+   credential store; sign-in out of band. It knows nothing of connectors: it announces sign-ins and
+   revocations (``broker.subscribe``);
+5. connectors — manifests and trust, processes and relayed connections, their tools in the pool; it asks
+   the broker for each remote call's auth and subscribes to its events;
 6. edge — the MCP SDK servers behind ``/mcp`` and ``/mcp/connectors/<id>``, and the routes' tokens
    (revoked first on the way down, aborting in-flight requests and streams).
 
@@ -39,7 +41,7 @@ from sidecar.appkeys import (
     BILLING,
     CONNECTORS,
     CONSOLE,
-    CREDENTIALS,
+    CREDENTIAL_STORE,
     HUB,
     INFLIGHT,
     INTERNAL_API,
@@ -179,10 +181,10 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         guarded=(paths.config,),
     )
     ensure_private_dir(paths.data)
-    # The key source is chosen when a credential is first stored or read (off the event loop, as every
+    # The key source is chosen when a grant or key is first stored or read (off the event loop, as every
     # store call is): asking the OS keyring costs memory a daemon without sign-ins or sessions never needs.
     key = DeferredKey(f"credentials:{paths.data}", paths.data / "credentials.key")
-    app[CREDENTIALS] = CredentialStore(paths.data / "credentials.enc", key)
+    app[CREDENTIAL_STORE] = CredentialStore(paths.data / "credentials.enc", key)
     audit.append("daemon.start", pid=runtime.pid)
     yield
     audit.append("daemon.stop", pid=runtime.pid)
@@ -192,7 +194,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
 async def _auth(app: web.Application) -> AsyncIterator[None]:
     settings, paths, audit = app[SETTINGS], app[PATHS], app[AUDIT]
     inflight = app[INFLIGHT] = InflightTracker()
-    journal = app[STATE] = StateJournal(paths.state / "sessions.json", app[CREDENTIALS])
+    journal = app[STATE] = StateJournal(paths.state / "sessions.json", app[CREDENTIAL_STORE])
     restored = await asyncio.to_thread(journal.load)
     app[ROUTES] = RouteRegistry(
         inflight,
@@ -256,37 +258,18 @@ def _bus(registry: ToolRegistry) -> Subsystem:
 
 
 async def _oauth(app: web.Application) -> AsyncIterator[None]:
-    runtime, audit = app[RUNTIME], app[AUDIT]
+    runtime, audit, credentials = app[RUNTIME], app[AUDIT], app[PROCESS_CREDENTIALS]
 
-    def provider_package(connector_id: str) -> bool:
-        """A local package signing in to its provider (``oauth-client.json``): its processes hold no token,
-        only internal-API credentials."""
-        return app[CONNECTORS].manager.get(connector_id).spec.oauth is not None
-
-    async def signed_in(connector_id: str) -> None:
-        """Signed in. Connections and processes made under the old grant end (a server may bind its MCP
-        sessions to the credential that opened them: step-up's new token would find them gone; a
-        package's processes whose credentials a revoke ended start afresh) and reopen on the next call;
-        a connector whose tools could not be learned at trust (it needed the sign-in) learns them."""
-        service = app[CONNECTORS]
-        await service.disconnect(connector_id)
-        connector = service.manager.get(connector_id)
-        if not service.tools.offers(connector_id) and app[TRUST].is_trusted(connector.key):
-            await service.trust(connector_id)
-
-    async def disconnect(connector_id: str) -> None:
-        app[PROCESS_CREDENTIALS].revoke_connector(connector_id)  # aborts its internal-API calls now
-        if not provider_package(connector_id):
-            await app[CONNECTORS].disconnect(connector_id)
-        # A package's processes stay: their next internal-API call gets 401 and they say so to the agent.
+    async def revoked(connector_id: str, event: str) -> None:
+        if event == "revoked":
+            credentials.revoke_connector(connector_id)  # aborts its internal-API calls now
 
     broker = app[OAUTH] = Broker(
-        app[CREDENTIALS],
+        app[CREDENTIAL_STORE],
         redirect_uri=lambda: f"http://127.0.0.1:{runtime.port}{CALLBACK_PATH}",
         audit=audit.append,
-        on_ready=signed_in,
-        on_revoked=disconnect,
     )
+    broker.subscribe(revoked)
     yield
     await broker.close()
 
@@ -348,6 +331,7 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         deferral=Deferral(default=settings.tools.defer_connectors, direct=frozenset(settings.tools.direct_connectors)),
     )
     sessions.subscribe(lambda session, event: service.session_ended(session.id) if event in _GONE else None)
+    app[OAUTH].subscribe(lambda connector_id, event: _on_sign_in(service, app[TRUST], connector_id, event))
     # Each remote connector's sign-in state as stored (``ready`` after a restart), before any call.
     remote = [c.spec for c in manager.list() if c.spec.launch.transport == "http" or c.spec.oauth is not None]
     await app[OAUTH].load({spec.id: spec.launch.oauth is not None or spec.oauth is not None for spec in remote})
@@ -362,6 +346,22 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
     async with watcher.run():
         yield
         await service.close()  # every connector process, bounded by each one's stop escalation
+
+
+async def _on_sign_in(service: ConnectorService, trust: TrustStore, connector_id: str, event: str) -> None:
+    """A sign-in completed: connections and processes made under the old grant end (a server may bind
+    its MCP sessions to the credential that opened them: step-up's new token would find them gone; a
+    package's processes whose internal-API credentials a revoke ended start afresh) and reopen on the
+    next call; a connector whose tools could not be learned at trust (it needed the sign-in) learns them.
+    Revoked: a remote connector's connections end; a package's processes stay (their next internal-API
+    call gets 401 and they say so to the agent)."""
+    if event == "signed_in":
+        await service.disconnect(connector_id)
+        connector = service.manager.get(connector_id)
+        if not service.tools.offers(connector_id) and trust.is_trusted(connector.key):
+            await service.trust(connector_id)
+    elif event == "revoked" and service.manager.get(connector_id).spec.oauth is None:
+        await service.disconnect(connector_id)
 
 
 async def _edge(app: web.Application) -> AsyncIterator[None]:
@@ -403,7 +403,7 @@ def _upstream_of(app: web.Application, connector_id: str) -> UpstreamRule | None
     oauth = connector.spec.oauth
     if oauth is None or not app[TRUST].is_trusted(connector.key):
         return None
-    return UpstreamRule.of(oauth["upstream"])
+    return UpstreamRule.of(oauth.upstream)
 
 
 async def _revoke_all(app: web.Application) -> None:

@@ -43,7 +43,7 @@ __all__ = [
     "BILLING",
     "CONNECTORS",
     "CONSOLE",
-    "CREDENTIALS",
+    "CREDENTIAL_STORE",
     "HUB",
     "INFLIGHT",
     "MCP_ENDPOINT",
@@ -84,7 +84,7 @@ RUNTIME = web.AppKey("runtime", Runtime)
 AUDIT = web.AppKey("audit", AuditLog)
 AUDIT_CHAIN = web.AppKey("audit_chain", VerifiedChain)
 """The audit log's last verdict, for the console's audit view (walked again only when the log changed)."""
-CREDENTIALS = web.AppKey("credentials", CredentialStore)
+CREDENTIAL_STORE = web.AppKey("credential_store", CredentialStore)
 STATE = web.AppKey("state", StateJournal)
 INFLIGHT = web.AppKey("inflight", InflightTracker)
 ROUTES = web.AppKey("routes", RouteRegistry)

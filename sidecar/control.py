@@ -7,10 +7,9 @@ are refused, so a typo is an error, not a silently ignored option).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,22 +19,15 @@ from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, OAUTH, ROUTES
 from sidecar.auth.owners import Owner
 from sidecar.connectors.launch import LaunchContext, launch_plan
 from sidecar.connectors.manager import Connector
-from sidecar.connectors.spec import OAuthClient
-from sidecar.errors import AuthorizationRefused, NotFound, RequestRejected, StorageError
+from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
 from sidecar.net.body import read_json
-from sidecar.oauth.broker import PreRegistered
-from sidecar.oauth.provider import ProviderClient
-from sidecar.store.files import read_private
+from sidecar.oauth.signin import sign_in_provider, sign_in_remote
 from sidecar.text import preview
 from sidecar.validation import render_errors
 
 __all__ = ["add_control_routes", "connector_body", "start_sign_in", "status_body", "status_header"]
-
-
-_MAX_SECRET_BYTES: Final = 4096
-"""A client secret file holds one secret: anything longer is the wrong file."""
 
 
 class _Body(BaseModel):
@@ -297,7 +289,13 @@ async def start_sign_in(
             f"connector {connector_id} is not trusted as configured now: sidecar connectors trust {connector_id}"
         )
     if connector.spec.oauth is not None:
-        return await _provider_sign_in(app, connector, given)
+        return await sign_in_provider(
+            app[OAUTH],
+            connector_id,
+            connector.spec.oauth,
+            client_id=given.client_id,
+            client_secret_file=given.client_secret_file,
+        )
     if given.client_id is not None or given.client_secret_file is not None:
         raise RequestRejected(
             f'connector {connector_id} is a remote server: its client goes in its mcp.json entry\'s "oauth" block'
@@ -305,31 +303,9 @@ async def start_sign_in(
     plan = launch_plan(connector.spec, LaunchContext(origin="", authorization="", envelope="", workspace=""))
     if plan.url is None:
         raise RequestRejected(f"connector {connector_id} has no URL")
-    client = await _pre_registered(connector_id, connector.spec.launch.oauth)
-    return await app[OAUTH].connect(connector_id, url=plan.url, headers=plan.headers, client=client)
-
-
-async def _pre_registered(connector_id: str, client: OAuthClient | None) -> PreRegistered | None:
-    """The entry's ``oauth`` client, its secret read from its file now (never logged, audited or echoed)."""
-    if client is None:
-        return None
-    secret = await _read_secret(connector_id, client.secret_file) if client.secret_file is not None else None
-    return PreRegistered(client.client_id, secret, client.scopes, metadata_document=client.metadata_document)
-
-
-async def _read_secret(connector_id: str, path: Path) -> str:
-    try:
-        # SECURITY: read_private refuses a file that is not ours, is group/world accessible, or a link.
-        raw = await asyncio.to_thread(read_private, path, max_bytes=_MAX_SECRET_BYTES)
-        secret = raw.decode("utf-8").strip()
-    except FileNotFoundError:
-        raise RequestRejected(f"connector {connector_id}: the client secret file {path} is missing") from None
-    except (StorageError, UnicodeDecodeError) as exc:
-        why = str(exc) if isinstance(exc, StorageError) else "it is not UTF-8 text"
-        raise RequestRejected(f"connector {connector_id}: cannot use the client secret file: {why}") from None
-    if not secret:
-        raise RequestRejected(f"connector {connector_id}: the client secret file {path} is empty")
-    return secret
+    return await sign_in_remote(
+        app[OAUTH], connector_id, url=plan.url, headers=plan.headers, client=connector.spec.launch.oauth
+    )
 
 
 class ProviderSignIn(_Body):
@@ -340,29 +316,8 @@ class ProviderSignIn(_Body):
     """Absolute path of a file only the user can read; its secret is kept in the credential store."""
 
 
-async def _provider_sign_in(app: web.Application, connector: Connector, given: ProviderSignIn) -> dict[str, Any]:
-    connector_id, oauth = connector.id, connector.spec.oauth
-    if oauth is None:
-        raise RequestRejected(f"connector {connector_id} has no oauth-client.json")
-    secret = None
-    if given.client_secret_file is not None:
-        if not given.client_secret_file.startswith("/"):
-            raise RequestRejected("client_secret_file must be an absolute path")
-        secret = await _read_secret(connector_id, Path(given.client_secret_file))
-    client_id = given.client_id
-    if client_id is None and secret is None:  # a sign-in again: the client the user gave last time
-        stored = await app[OAUTH].keeper(connector_id).storage_grant()
-        if stored is not None and stored.client is not None and not oauth.get("client_id"):
-            client_id, secret = stored.client.client_id, stored.client.client_secret
-    try:
-        provider = ProviderClient.of(connector_id, oauth, client_id=client_id, client_secret=secret)
-    except AuthorizationRefused as exc:
-        raise RequestRejected(str(exc)) from None
-    return await app[OAUTH].connect_provider(connector_id, provider)
-
-
 async def revoke_connector(request: web.Request) -> web.Response:
-    """Delete a connector's credentials now, abort its calls, revoke them at the AS (RFC 7009)."""
+    """Delete a connector's grant now, abort its calls, revoke its tokens at the AS (RFC 7009)."""
     app, connector_id = request.app, request.match_info["connector_id"]
     app[CONNECTORS].manager.get(connector_id)  # 404 for an unknown id
     return json_response(await app[OAUTH].revoke(connector_id))

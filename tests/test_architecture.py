@@ -8,9 +8,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "sidecar"
 
 # Layer of each module (lower may not import higher). STYLE.md: cli → daemon → app → {net, auth, bus,
-# connectors, edge, control} → store → {config, paths, errors}, with one direction inside the middle:
-# the bus (the tool pool and the one decision) knows nothing of connectors; connectors feed the bus
-# through its registry; the MCP edge (the SDK servers, the relay, the REST facade) sits on both.
+# connectors, oauth, edge, control} → store → {config, paths, errors}, with one direction inside the
+# middle: the bus (the tool pool and the one decision) knows nothing of connectors; connectors feed the
+# bus through its registry; OAuth (grants, sign-in, the internal API's rule) knows nothing of connectors,
+# which declare what it signs in to and ask it for each remote call's auth; the MCP edge (the SDK
+# servers, the relay, the REST facade, the internal API) sits on all of them.
 LAYERS = {
     "sidecar.errors": 0,
     "sidecar.paths": 0,
@@ -27,18 +29,18 @@ LAYERS = {
     "sidecar.net": 3,
     "sidecar.auth": 4,
     "sidecar.bus": 5,
-    "sidecar.connectors": 6,
     "sidecar.oauth": 6,
-    "sidecar.edge": 7,
-    "sidecar.appkeys": 8,
-    "sidecar.control": 9,
-    "sidecar.console": 9,
-    "sidecar.service": 9,
-    "sidecar.app": 10,
-    "sidecar.daemon": 11,
-    "sidecar.cli": 12,
+    "sidecar.connectors": 7,
+    "sidecar.edge": 8,
+    "sidecar.appkeys": 9,
+    "sidecar.control": 10,
+    "sidecar.console": 10,
+    "sidecar.service": 10,
+    "sidecar.app": 11,
+    "sidecar.daemon": 12,
+    "sidecar.cli": 13,
     "sidecar": 0,
-    "sidecar.__main__": 13,
+    "sidecar.__main__": 14,
 }
 
 

@@ -24,14 +24,14 @@ import builtins
 import enum
 import logging
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sidecar.connectors.manifests import ConnectorSpec, ManifestProblem, discover, load_package
 from sidecar.connectors.trustkey import trust_key
 from sidecar.errors import Conflict, NotFound, RequestRejected, SidecarError, ToolError
+from sidecar.oauth.declared import Provider
 from sidecar.store.files import ensure_private_dir
 from sidecar.store.trust import TrustStore
 from sidecar.text import preview
@@ -111,13 +111,13 @@ class Connector:
         return body
 
 
-def _provider(oauth: Mapping[str, Any]) -> dict[str, object]:
+def _provider(provider: Provider) -> dict[str, object]:
     """A package's ``oauth-client.json`` as ``connectors show`` tells it: what the internal API may reach."""
-    upstream = oauth["upstream"]
+    upstream = provider.upstream
     return {
-        "oauth_client": oauth["client_id"] or "(yours: connect --client-id)",
-        "oauth_pkce": "S256" if oauth["pkce"] else "none: the provider has no PKCE; the sign-in relies on state alone",
-        "upstream": f"{upstream['base_url']} {', '.join(upstream['methods'])} {' '.join(upstream['paths'])}",
+        "oauth_client": provider.client_id or "(yours: connect --client-id)",
+        "oauth_pkce": "S256" if provider.pkce else "none: the provider has no PKCE; the sign-in relies on state alone",
+        "upstream": f"{upstream.base_url} {', '.join(upstream.methods)} {' '.join(upstream.paths)}",
     }
 
 

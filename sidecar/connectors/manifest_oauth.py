@@ -25,12 +25,14 @@ errors naming the file and the field.
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from sidecar.connectors.manifest_fields import ABSENT, GIVEN, ApiBaseUrl, ClientSecret, ScopeToken, Text, Url
+from sidecar.oauth.declared import Provider, UpstreamApi
 
 __all__ = ["METHODS", "OAuthClientFile", "UpstreamFile"]
 
@@ -147,3 +149,20 @@ class OAuthClientFile(_Model):
         if value is None and not discovered:
             raise ValueError("missing (or give issuer for RFC 8414 discovery)")
         return value
+
+    def declared(self) -> Provider:
+        """The file as the OAuth side takes it: frozen, typed, the secret never in it."""
+        upstream = self.upstream
+        return Provider(
+            upstream=UpstreamApi(upstream.base_url, tuple(upstream.paths), tuple(upstream.methods)),
+            issuer=self.issuer,
+            metadata_url=self.metadata_url,
+            authorization_endpoint=self.authorization_endpoint,
+            token_endpoint=self.token_endpoint,
+            revocation_endpoint=self.revocation_endpoint,
+            resource=self.resource,
+            client_id=self.client_id,
+            scopes=tuple(self.scopes),
+            authorize_params=MappingProxyType(dict(self.authorize_params)),
+            pkce=self.pkce,
+        )

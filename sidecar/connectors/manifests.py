@@ -46,8 +46,9 @@ from sidecar.connectors.manifest_models import (
     validate_entry,
 )
 from sidecar.connectors.manifest_oauth import OAuthClientFile
-from sidecar.connectors.spec import ConnectorSpec, LaunchConfig, ManifestProblem, OAuthClient
+from sidecar.connectors.spec import ConnectorSpec, LaunchConfig, ManifestProblem
 from sidecar.errors import ConfigError, StorageError
+from sidecar.oauth.declared import OAuthClient
 from sidecar.store.files import loads_strict, read_private
 from sidecar.validation import error_lines, problem_line, quote, render_errors
 
@@ -220,19 +221,7 @@ def _package(directory: Path) -> ConnectorSpec:
     oauth_path = directory / OAUTH_FILE
     if os.path.lexists(oauth_path):
         data = _read_required(oauth_path, "it vanished while being read")
-        client = _validate(OAuthClientFile, oauth_path, data, context).model_dump()
-        upstream = client["upstream"]
-        upstream = MappingProxyType(
-            {**upstream, "paths": tuple(upstream["paths"]), "methods": tuple(upstream["methods"])}
-        )
-        oauth = MappingProxyType(
-            {
-                **client,
-                "scopes": tuple(client["scopes"]),
-                "authorize_params": MappingProxyType(client["authorize_params"]),
-                "upstream": upstream,
-            }
-        )
+        oauth = _validate(OAuthClientFile, oauth_path, data, context).declared()
     return ConnectorSpec(
         id=connector.id,
         kind="package",

@@ -9,14 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
+
+from sidecar.oauth.declared import OAuthClient, Provider
 
 __all__ = [
     "SESSION_PLACEHOLDERS",
     "ConnectorSpec",
     "LaunchConfig",
     "ManifestProblem",
-    "OAuthClient",
     "ProcessMode",
     "session_dependence",
 ]
@@ -41,17 +42,6 @@ def session_dependence(command: str | None, args: Iterable[str], env: Mapping[st
             if "${" + name + "}" in text:
                 return f"its {where} uses ${{{name}}}"
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class OAuthClient:
-    """A pre-registered OAuth client of a remote server (an HTTP entry's ``oauth``); the secret stays in its file."""
-
-    client_id: str
-    """The registered client's id, or (``metadata_document``) the URL of its Client ID Metadata Document."""
-    secret_file: Path | None
-    scopes: tuple[str, ...]
-    metadata_document: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +80,8 @@ class ConnectorSpec:
     """The file it came from."""
     tool_risks: Mapping[str, str]
     """Tool name → ``LOW`` | ``MEDIUM`` | ``HIGH`` from ``connector.json``; unlisted tools default elsewhere."""
-    oauth: Mapping[str, Any] | None
-    """Validated ``oauth-client.json``: every field of ``OAuthClientFile`` (``None`` when the file is absent)."""
+    oauth: Provider | None
+    """A package's validated ``oauth-client.json`` (``None`` when the file is absent)."""
     billing_manifest: Path | None
     """``<root>/high-credit-tools.json`` when it exists (the billing gate validates it, failing closed)."""
     network: bool = True

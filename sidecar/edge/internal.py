@@ -34,7 +34,7 @@ from sidecar.auth.middleware import bearer_token, session_envelope
 from sidecar.auth.process_credentials import ProcessCredential, ProcessCredentials
 from sidecar.auth.sessions import SessionStore
 from sidecar.errors import NotFound, SidecarError, Unauthorized
-from sidecar.oauth.forward import Answer, Forwarder
+from sidecar.oauth.forward import Forwarder, UpstreamResponse
 from sidecar.oauth.grant import GrantKeeper, NeedsAuthorization
 from sidecar.oauth.target import Target, UpstreamRule
 
@@ -80,7 +80,7 @@ class InternalApi:
         self._audit("internal.request", **record, status=answer.status, bytes=len(answer.body))
         return web.Response(status=answer.status, headers=answer.headers, body=answer.body)
 
-    async def _handle(self, request: web.Request, connector_id: str, record: dict[str, object]) -> Answer:
+    async def _handle(self, request: web.Request, connector_id: str, record: dict[str, object]) -> UpstreamResponse:
         raw_path, _, raw_query = request.raw_path.partition("?")
         prefix = f"{_PREFIX}{connector_id}/api"
         tail = raw_path[len(prefix) :]
@@ -103,7 +103,7 @@ class InternalApi:
 
     async def _forward(
         self, credential: ProcessCredential, rule: UpstreamRule, request: web.Request, target: Target, body: bytes
-    ) -> Answer:
+    ) -> UpstreamResponse:
         keeper = self._keeper(credential.connector_id)
         call = asyncio.ensure_future(
             self._forwarder.forward(keeper, rule, target, method=request.method, headers=request.headers, body=body)

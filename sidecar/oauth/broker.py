@@ -8,10 +8,13 @@
   ``_CallbackDriver``: the authorization URL goes back to whoever asked (the CLI opens a browser),
   and the code comes in on the daemon's own ``/oauth/callback``, matched by ``state`` (single use).
   One pending flow per connector (a second ``connect`` joins it); a flow ends after ``FLOW_TIMEOUT``.
-- **Revocation** deletes the local credentials at once, tells the daemon to stop the connector's
-  connections in every session (``on_revoked``), then revokes remotely (RFC 7009: the refresh token,
-  then the access token) where the AS metadata names a ``revocation_endpoint``, retrying in the
-  background a bounded number of times.
+- **Revocation** deletes the local grant at once, announces it (``revoked``: the daemon stops the
+  connector's connections in every session), then revokes remotely (RFC 7009: the refresh token, then
+  the access token) where the AS metadata names a ``revocation_endpoint``, retrying in the background a
+  bounded number of times.
+- **Events**: the broker knows nothing of connectors; whoever must act on a sign-in subscribes
+  (``subscribe``) and is told ``signed_in`` (a sign-in completed, before its flow is done) and
+  ``revoked`` (the grant was deleted, before the remote revocation).
 
 Audit records (``oauth.connect``, ``oauth.refresh_failed``, ``oauth.revoke``) name the connector and
 the outcome, never a token, a code or a state.
@@ -87,6 +90,8 @@ class _Flow:
 
 
 Audit = Callable[..., object]
+SignInListener = Callable[[str, str], Awaitable[None]]
+"""Called with (connector id, event): ``signed_in`` or ``revoked`` (module docstring), in subscription order."""
 
 
 class Broker:
@@ -98,18 +103,19 @@ class Broker:
         *,
         redirect_uri: Callable[[], str],
         audit: Audit,
-        on_ready: Callable[[str], Awaitable[None]] | None = None,
-        on_revoked: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self._redirect_uri = redirect_uri
         self._audit = audit
-        self._on_ready = on_ready
-        self._on_revoked = on_revoked
+        self._listeners: list[SignInListener] = []
         self._keepers: dict[str, GrantKeeper] = {}
         self._flows: dict[str, _Flow] = {}
         self._by_state: dict[bytes, _Flow] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+
+    def subscribe(self, listener: SignInListener) -> None:
+        """Be told of every completed sign-in and every revocation (``SignInListener``)."""
+        self._listeners.append(listener)
 
     # -- for the connectors ----------------------------------------------------------------------
 
@@ -136,7 +142,7 @@ class Broker:
         keeper = self._keepers.get(connector_id)
         if keeper is None or keeper.state is SignIn.NONE:
             if declared:
-                return {"auth": SignIn.UNAUTHORIZED.value, "auth_reason": "not signed in yet"}
+                return {"auth": SignIn.NEEDED.value, "auth_reason": "not signed in yet"}
             return {"auth": SignIn.NONE.value, "auth_reason": None}
         return keeper.public()
 
@@ -155,10 +161,10 @@ class Broker:
                 continue
             if grant is None and connector_id in self.store.unreadable:
                 # SECURITY: a record that fails to decrypt (tampered, truncated, moved) is no sign-in.
-                keeper.set_state(SignIn.UNAUTHORIZED, "the stored sign-in is damaged and was not used; sign in again")
+                keeper.set_state(SignIn.NEEDED, "the stored sign-in is damaged and was not used; sign in again")
                 logger.warning("the stored sign-in of %s does not decrypt; it needs a new sign-in", connector_id)
             elif keeper.state is SignIn.NONE and (declared or grant is not None):
-                keeper.set_state(SignIn.UNAUTHORIZED, "not signed in yet")
+                keeper.set_state(SignIn.NEEDED, "not signed in yet")
 
     # -- sign-in ---------------------------------------------------------------------------------
 
@@ -270,9 +276,9 @@ class Broker:
             keeper.set_state(SignIn.NONE)
         logger.info("sign-in of %s complete", cid)
         self._audit("oauth.connect", connector=cid, outcome="ok")
-        if self._on_ready is not None:
+        for listener in self._listeners:
             try:  # before the flow is done: the callback page and the CLI see the connector usable
-                await self._on_ready(cid)
+                await listener(cid, "signed_in")
             except Exception as exc:  # the sign-in stands; the connector's own error says what failed
                 logger.warning("after the sign-in of %s: %s", cid, _describe(exc))
 
@@ -332,7 +338,7 @@ class Broker:
     # -- revocation ------------------------------------------------------------------------------
 
     async def revoke(self, connector_id: str) -> dict[str, Any]:
-        """Delete the connector's credentials now, stop its calls, and revoke them remotely (RFC 7009)."""
+        """Delete the connector's grant now, stop its calls, and revoke its tokens remotely (RFC 7009)."""
         keeper = self.keeper(connector_id)
         flow = self._flows.get(connector_id)
         if flow is not None and flow.task is not None:
@@ -340,8 +346,8 @@ class Broker:
         grant = await keeper.storage_grant()
         keeper.forget("revoked by the user")
         deleted = await anyio.to_thread.run_sync(self.store.delete_connector, connector_id)
-        if self._on_revoked is not None:
-            await self._on_revoked(connector_id)
+        for listener in self._listeners:
+            await listener(connector_id, "revoked")
         remote = "nothing to revoke"
         endpoint = _revocation_endpoint(grant)
         if grant is not None and grant.tokens is not None:

@@ -33,7 +33,7 @@ from sidecar.errors import UpstreamFailed
 from sidecar.oauth.grant import NeedsAuthorization
 from sidecar.oauth.target import Target, UpstreamRule
 
-__all__ = ["MAX_RESPONSE_BYTES", "UPSTREAM_TIMEOUT", "Answer", "Forwarder", "TokenSource", "UpstreamFailed"]
+__all__ = ["MAX_RESPONSE_BYTES", "UPSTREAM_TIMEOUT", "Forwarder", "TokenSource", "UpstreamFailed", "UpstreamResponse"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,9 @@ class TokenSource(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Answer:
+class UpstreamResponse:
+    """What the upstream API answered, bounded and stripped (``response_headers``), to pass back as is."""
+
     status: int
     headers: Mapping[str, str]
     body: bytes
@@ -135,7 +137,7 @@ class Forwarder:
         method: str,
         headers: Mapping[str, str],
         body: bytes,
-    ) -> Answer:
+    ) -> UpstreamResponse:
         token = await keeper.access_token()
         if token is None:
             raise NeedsAuthorization(keeper.connector_id)
@@ -150,7 +152,7 @@ class Forwarder:
 
     async def _follow(
         self, rule: UpstreamRule, target: Target, method: str, headers: dict[str, str], body: bytes, token: str
-    ) -> tuple[Answer, Target]:
+    ) -> tuple[UpstreamResponse, Target]:
         for _ in range(MAX_REDIRECTS + 1):
             answer, location = await self._send(method, target.url, headers, body, token)
             if answer.status not in _REDIRECTS or location is None:
@@ -164,7 +166,7 @@ class Forwarder:
 
     async def _send(
         self, method: str, url: str, headers: dict[str, str], body: bytes, token: str
-    ) -> tuple[Answer, str | None]:
+    ) -> tuple[UpstreamResponse, str | None]:
         outgoing = {**headers, "Authorization": f"Bearer {token}"}
         try:
             async with self._http().request(
@@ -172,7 +174,7 @@ class Forwarder:
             ) as response:
                 data = await self._read(response)
                 location = response.headers.get("Location")
-                return Answer(response.status, response_headers(response.headers), data), location
+                return UpstreamResponse(response.status, response_headers(response.headers), data), location
         except TimeoutError:
             raise UpstreamFailed("the upstream did not answer in time") from None
         except aiohttp.ClientError as exc:

@@ -67,7 +67,9 @@ class SignIn(enum.StrEnum):
     """No sign-in needed so far (the server never asked), or none started."""
     STARTING = "starting"
     READY = "ready"
-    UNAUTHORIZED = "unauthorized"
+    NEEDED = "unauthorized"
+    """A sign-in is needed (never signed in, or the grant ended); the contract's word is ``unauthorized``,
+    which in code means a 401 (``errors.Unauthorized``) only."""
     ERROR = "error"
 
 
@@ -136,7 +138,7 @@ class GrantKeeper:
     def blocked(self) -> bool:
         """True when a call would fail for want of a sign-in (known without any I/O)."""
         has_tokens = self._grant is not None and self._grant.tokens is not None
-        return self._loaded and not has_tokens and self.state in (SignIn.UNAUTHORIZED, SignIn.ERROR, SignIn.STARTING)
+        return self._loaded and not has_tokens and self.state in (SignIn.NEEDED, SignIn.ERROR, SignIn.STARTING)
 
     async def load(self) -> StoredGrant | None:
         """(Re-)read the grant from the store. Tokens that can still be used (a refresh token, or an access
@@ -151,7 +153,7 @@ class GrantKeeper:
                     self.step_up.signed_in(grant.tokens.scope)
                     self._failures, self._retry_at = 0, 0.0
                 else:
-                    self.set_state(SignIn.UNAUTHORIZED, "the token expired and the server gave no refresh token")
+                    self.set_state(SignIn.NEEDED, "the token expired and the server gave no refresh token")
             return grant
 
     async def storage_grant(self) -> StoredGrant | None:
@@ -162,7 +164,7 @@ class GrantKeeper:
         """The local grant is gone (revoked, deleted): calls need a sign-in. Returns what was held."""
         grant, self._grant = self._grant, None
         self._loaded = True
-        self.set_state(SignIn.UNAUTHORIZED, reason)
+        self.set_state(SignIn.NEEDED, reason)
         return grant
 
     # -- the token -----------------------------------------------------------------------------
@@ -184,7 +186,7 @@ class GrantKeeper:
         """The server answered 401 to ``token``: the token another caller refreshed meanwhile, or one
         forced refresh; otherwise the connector needs a sign-in (``NeedsAuthorization``)."""
         if token is None:
-            self.set_state(SignIn.UNAUTHORIZED, "the server asks for a sign-in")
+            self.set_state(SignIn.NEEDED, "the server asks for a sign-in")
             raise NeedsAuthorization(self.connector_id)
         grant = await self._refresh(token, forced=True)
         if grant.tokens is None or grant.tokens.access_token == token:
@@ -281,7 +283,7 @@ class GrantKeeper:
         """The grant is dead: delete its tokens (keeping the client registration), need a sign-in."""
         logger.warning("sign-in of %s is no longer valid: %s", self.connector_id, reason)
         self._grant = None
-        self.set_state(SignIn.UNAUTHORIZED, reason)
+        self.set_state(SignIn.NEEDED, reason)
         await self._storage.clear_tokens()
 
     @staticmethod

@@ -6,18 +6,20 @@ rules as part 1 (``flow``): the AS metadata is discovered from ``issuer`` (RFC 8
 ``issuer`` in the document must be the one asked for) or read from ``metadata_url``, or built from the
 declared endpoints; S256 must be advertised unless the package says the provider has no PKCE; the
 authorization URL must be https (or loopback http); ``state`` is 256 random bits and single use (the
-broker matches the callback by it); a present ``iss`` (RFC 9207) must equal the issuer, and one the AS
-promised must be present. The code goes to the token endpoint with the verifier and the client's
-authentication (its secret, when the user gave one); the grant, with the AS metadata the refresh and
-the revocation need, goes to the credential store.
+broker matches the callback by it); a present ``iss`` (RFC 9207 §2.4) must equal the issuer by simple
+string comparison, and one the AS promised (``authorization_response_iss_parameter_supported``) must be
+present. The code goes to the token endpoint with the verifier and the client's authentication (its
+secret, when the user gave one); the grant, with the AS metadata the refresh and the revocation need,
+goes to the credential store. A refused response stores nothing.
+
+The discovery URLs, the metadata ``issuer`` check, PKCE and the ``iss`` check are the SDK's own public
+helpers (``mcp.client.auth.utils``, ``PKCEParameters``), the ones its provider runs for remote servers.
 
 Nothing here logs or returns a token, a code, a verifier or a secret.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import secrets
 from collections.abc import Mapping
@@ -26,10 +28,17 @@ from typing import Any, Final
 from urllib.parse import urlencode, urlsplit
 
 import httpx2
+from mcp.client.auth import OAuthFlowError, PKCEParameters
+from mcp.client.auth.utils import (
+    build_oauth_authorization_server_metadata_discovery_urls,
+    validate_authorization_response_iss,
+    validate_metadata_issuer,
+)
 from mcp.shared.auth import OAuthMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
 from sidecar.errors import AuthorizationRefused
+from sidecar.oauth.declared import Provider
 from sidecar.oauth.flow import PKCE_METHOD, AuthorizationDriver, check_authorization_url, require_s256
 from sidecar.oauth.grant import client_auth
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant, registered_client
@@ -59,37 +68,29 @@ class ProviderClient:
 
     @classmethod
     def of(
-        cls, connector_id: str, oauth: Mapping[str, Any], *, client_id: str | None, client_secret: str | None
+        cls, connector_id: str, provider: Provider, *, client_id: str | None, client_secret: str | None
     ) -> ProviderClient:
-        """From a validated ``oauth-client.json`` (``ConnectorSpec.oauth``) and what the user supplied."""
-        chosen = client_id or oauth.get("client_id")
+        """From a package's declared provider (``ConnectorSpec.oauth``) and what the user supplied."""
+        chosen = client_id or provider.client_id
         if not chosen:
             raise AuthorizationRefused(
                 f"connector {connector_id} names no OAuth client: register one with the provider and run "
                 f"sidecar connectors connect {connector_id} --client-id <id>"
             )
-        keys = ("issuer", "metadata_url", "authorization_endpoint", "token_endpoint", "revocation_endpoint")
         return cls(
             connector_id,
             chosen,
             client_secret,
-            tuple(oauth.get("scopes", ())),
-            dict(oauth.get("authorize_params", {})),
-            bool(oauth.get("pkce", True)),
-            resource=oauth.get("resource"),
-            **{key: oauth.get(key) for key in keys},
+            provider.scopes,
+            dict(provider.authorize_params),
+            provider.pkce,
+            issuer=provider.issuer,
+            metadata_url=provider.metadata_url,
+            authorization_endpoint=provider.authorization_endpoint,
+            token_endpoint=provider.token_endpoint,
+            revocation_endpoint=provider.revocation_endpoint,
+            resource=provider.resource,
         )
-
-
-def _discovery_urls(issuer: str) -> list[str]:
-    """RFC 8414 §3.1 (path inserted after the well-known prefix), then OpenID Connect Discovery §4."""
-    parts = urlsplit(issuer)
-    origin, path = f"{parts.scheme}://{parts.netloc}", parts.path.rstrip("/")
-    return [
-        f"{origin}/.well-known/oauth-authorization-server{path}",
-        f"{origin}/.well-known/openid-configuration{path}",
-        f"{origin}{path}/.well-known/openid-configuration",
-    ]
 
 
 async def _document(http: httpx2.AsyncClient, url: str) -> dict[str, Any] | None:
@@ -116,30 +117,39 @@ async def discover(provider: ProviderClient, http: httpx2.AsyncClient) -> OAuthM
             code_challenge_methods_supported=[PKCE_METHOD] if provider.pkce else None,
         )
     if provider.issuer is not None:
-        expected, urls = provider.issuer, _discovery_urls(provider.issuer)
+        # RFC 8414 §3.1 (path inserted after the well-known prefix), then OpenID Connect Discovery §4.
+        urls = build_oauth_authorization_server_metadata_discovery_urls(provider.issuer, provider.issuer)
     elif provider.metadata_url is not None:
-        expected, urls = None, [provider.metadata_url]
+        urls = [provider.metadata_url]
     else:
         raise AuthorizationRefused(f"connector {provider.connector_id} declares no authorization server")
     for url in urls:
         data = await _document(http, url)
         if data is None:
             continue
-        # SECURITY: RFC 8414 §3.3: the document must name the issuer it was asked for, exactly.
-        if expected is not None and data.get("issuer") != expected:
-            raise AuthorizationRefused(f"the metadata at {url} names another issuer; sidecar will not use it")
         try:
-            return OAuthMetadata.model_validate(data)
+            metadata = OAuthMetadata.model_validate(data)
         except ValidationError:
             raise AuthorizationRefused(f"the metadata at {url} is not RFC 8414 metadata") from None
+        _check_issuer(metadata, data.get("issuer"), provider.issuer, url)
+        return metadata
     raise AuthorizationRefused(f"no authorization server metadata found for {provider.connector_id}")
 
 
-def _pkce() -> tuple[str, str]:
-    """(verifier, S256 challenge): RFC 7636 §4.1, §4.2; 64 random bytes, 86 characters."""
-    verifier = secrets.token_urlsafe(64)
-    digest = hashlib.sha256(verifier.encode("ascii")).digest()
-    return verifier, base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+def _check_issuer(metadata: OAuthMetadata, written: object, expected: str | None, url: str) -> None:
+    """RFC 8414 §3.3: the document names the issuer it was asked for, exactly.
+
+    ``written`` must also be the parsed ``issuer`` unchanged: every later comparison (the ``iss`` of
+    RFC 9207, the grant's issuer) is against ``metadata.issuer``, so it must be the AS's own string, not
+    one the URL parser normalised (case, default port)."""
+    # SECURITY: simple string comparison (RFC 3986 §6.2.1), no normalisation; a mix-up defence.
+    if written != str(metadata.issuer):
+        raise AuthorizationRefused(f"the metadata at {url} names its issuer in a non-canonical form; refused")
+    if expected is not None:
+        try:
+            validate_metadata_issuer(metadata, expected)
+        except OAuthFlowError:
+            raise AuthorizationRefused(f"the metadata at {url} names another issuer; sidecar will not use it") from None
 
 
 def authorization_url(
@@ -159,12 +169,17 @@ def authorization_url(
 
 
 def _check_iss(metadata: OAuthMetadata, iss: str | None) -> None:
-    """RFC 9207 §2.4, as the 2026-07-28 spec tables it: compare when present, require when promised."""
-    issuer = str(metadata.issuer)
-    if iss is not None and iss not in (issuer, issuer.rstrip("/")):
-        raise AuthorizationRefused("the authorization response names another issuer (RFC 9207); refused")
-    if iss is None and metadata.authorization_response_iss_parameter_supported:
-        raise AuthorizationRefused("the authorization response lacks the iss its server promised (RFC 9207)")
+    """RFC 9207 §2.4, as the 2026-07-28 spec tables it: a present ``iss`` must equal the issuer by simple
+    string comparison; one the AS promised must be present."""
+    try:
+        validate_authorization_response_iss(iss, metadata)
+    except OAuthFlowError:
+        # SECURITY: a response from another AS (mix-up, RFC 9207 §1) is not acted on, its code not redeemed.
+        if iss is None:
+            why = "the authorization response lacks the iss its server promised (RFC 9207)"
+        else:
+            why = "the authorization response names another issuer (RFC 9207); refused"
+        raise AuthorizationRefused(why) from None
 
 
 async def sign_in(
@@ -180,8 +195,9 @@ async def sign_in(
         metadata = await discover(provider, http)
         if provider.pkce:
             require_s256(metadata)
-        verifier, challenge = _pkce() if provider.pkce else (None, None)
+        pkce = PKCEParameters.generate() if provider.pkce else None  # RFC 7636 §4.1, §4.2: S256
         state = secrets.token_urlsafe(32)
+        challenge = pkce.code_challenge if pkce is not None else None
         url = authorization_url(provider, metadata, redirect_uri=redirect_uri, state=state, challenge=challenge)
         check_authorization_url(url)
         result = await driver.authorize(url)
@@ -193,8 +209,8 @@ async def sign_in(
             provider.client_id, provider.client_secret, redirect_uri=redirect_uri, scopes=provider.scopes, issuer=issuer
         )
         form = {"grant_type": "authorization_code", "code": result.code, "redirect_uri": redirect_uri}
-        if verifier is not None:
-            form["code_verifier"] = verifier
+        if pkce is not None:
+            form["code_verifier"] = pkce.code_verifier
         if provider.resource is not None:
             form["resource"] = provider.resource
         data, headers = client_auth(StoredGrant(client=client), form)

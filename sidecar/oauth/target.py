@@ -19,12 +19,13 @@ records: the matched prefix and ``*``, never the caller's path itself (it may na
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 from urllib.parse import unquote, urlsplit
 
 from sidecar.errors import Forbidden
+from sidecar.oauth.declared import UpstreamApi
 
 __all__ = ["Target", "UpstreamRule"]
 
@@ -54,8 +55,8 @@ class UpstreamRule:
         self.methods = frozenset(methods)
 
     @classmethod
-    def of(cls, upstream: Mapping[str, Any]) -> UpstreamRule:
-        return cls(base_url=upstream["base_url"], paths=upstream["paths"], methods=upstream["methods"])
+    def of(cls, upstream: UpstreamApi) -> UpstreamRule:
+        return cls(base_url=upstream.base_url, paths=upstream.paths, methods=upstream.methods)
 
     @property
     def origin(self) -> tuple[str, str]:

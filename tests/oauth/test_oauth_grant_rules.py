@@ -127,7 +127,7 @@ async def test_a_refused_refresh_drops_the_tokens_and_asks_for_a_sign_in(tmp_pat
     clock.now = T0 + LIFETIME + 5
     with pytest.raises(NeedsAuthorization, match="sidecar connectors connect remote"):
         await keeper.access_token()
-    assert keeper.state is SignIn.UNAUTHORIZED and audit == ["oauth.refresh_failed"]
+    assert keeper.state is SignIn.NEEDED and audit == ["oauth.refresh_failed"]
     stored = await CredentialTokenStorage(open_store(tmp_path), connector="remote", account="default").current()
     assert stored is not None and stored.tokens is None and stored.client is not None  # registration kept
     with pytest.raises(NeedsAuthorization):

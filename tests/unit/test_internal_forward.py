@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from sidecar.errors import Forbidden, UpstreamFailed
-from sidecar.oauth.forward import Answer, Forwarder
+from sidecar.oauth.forward import Forwarder, UpstreamResponse
 from sidecar.oauth.grant import NeedsAuthorization
 from sidecar.oauth.target import UpstreamRule
 
@@ -72,7 +72,7 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 async def _forward(
     upstream: Upstream, path: str, tokens: Tokens, headers: dict[str, str] | None = None, **kw: Any
-) -> Answer:
+) -> UpstreamResponse:
     rule = UpstreamRule(
         base_url=upstream.base + "/api", paths=["/items/", "/big", "/moved", "/escape"], methods=["GET"]
     )

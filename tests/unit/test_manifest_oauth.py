@@ -38,10 +38,10 @@ def _package(tmp_path: Path, oauth: dict[str, Any]) -> Path:
 def test_a_provider_without_a_client_id_in_the_package_loads_with_its_upstream_and_parameters(tmp_path: Path) -> None:
     spec = load_package(_package(tmp_path, GOOD))
     assert spec.oauth is not None
-    assert spec.oauth["client_id"] is None  # the user's own OAuth app: connect --client-id
-    assert spec.oauth["pkce"] is True
-    assert dict(spec.oauth["authorize_params"]) == {"prompt": "consent", "access_type": "offline"}
-    assert spec.oauth["upstream"]["paths"] == ("/repos/", "/search/")
+    assert spec.oauth.client_id is None  # the user's own OAuth app: connect --client-id
+    assert spec.oauth.pkce is True
+    assert dict(spec.oauth.authorize_params) == {"prompt": "consent", "access_type": "offline"}
+    assert spec.oauth.upstream.paths == ("/repos/", "/search/")
 
 
 @pytest.mark.parametrize(

@@ -107,12 +107,12 @@ def test_a_package_loads_its_launch_tool_risks_oauth_client_and_billing_manifest
     assert launch.url is None
     assert dict(launch.headers) == {}
     assert spec.oauth is not None
-    assert spec.oauth["client_id"] == "sidecar-workspace"
-    assert spec.oauth["scopes"] == ("files.read", "files.write")
-    assert spec.oauth["upstream"]["base_url"] == "https://api.example.com/v1"
-    assert spec.oauth["upstream"]["methods"] == ("GET", "PUT")
-    assert spec.oauth["pkce"] is True
-    assert spec.oauth["token_endpoint"] is None
+    assert spec.oauth.client_id == "sidecar-workspace"
+    assert spec.oauth.scopes == ("files.read", "files.write")
+    assert spec.oauth.upstream.base_url == "https://api.example.com/v1"
+    assert spec.oauth.upstream.methods == ("GET", "PUT")
+    assert spec.oauth.pkce is True
+    assert spec.oauth.token_endpoint is None
 
 
 def test_a_package_without_oauth_or_billing_files_has_neither(tmp_path: Path) -> None:
@@ -148,9 +148,9 @@ def test_an_oauth_client_may_give_its_endpoints_instead_of_a_metadata_url(tmp_pa
     }
     spec = load_package(_package(tmp_path, oauth=oauth))
     assert spec.oauth is not None
-    assert spec.oauth["metadata_url"] is None
-    assert spec.oauth["token_endpoint"] == "https://auth.example.com/token"
-    assert spec.oauth["scopes"] == ()
+    assert spec.oauth.metadata_url is None
+    assert spec.oauth.token_endpoint == "https://auth.example.com/token"
+    assert spec.oauth.scopes == ()
 
 
 def test_user_servers_load_in_the_shapes_hosts_write(tmp_path: Path) -> None:
