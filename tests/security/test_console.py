@@ -155,7 +155,7 @@ async def test_an_approval_is_granted_with_cookie_csrf_and_own_origin(daemon: Da
         "confirm",
     )
     assert shown["project_id"] == "default" and shown["session_id"] == session["session_id"]
-    assert shown["arguments"] == '{"text": "<b>hello</b>"}'  # as sent; the page sets it as text
+    assert shown["arguments"] == [{"name": "text", "value": '"<b>hello</b>"', "more": 0}]  # the page sets it as text
     status, body = await _call(daemon, "POST", f"/ui/api/approvals/{approval_id}/allow", browser.headers(), {})
     assert (status, body["state"]) == (200, "allowed"), body
     async with mcp_client(session) as client:
