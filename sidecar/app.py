@@ -93,7 +93,7 @@ from sidecar.edge.relay import Relay
 from sidecar.edge.rest import RestFacade, add_rest_routes
 from sidecar.errors import NotFound
 from sidecar.http import add_security_headers, error_middleware, json_response
-from sidecar.names import PROXY_ROUTE
+from sidecar.names import PROXY_ROUTE, is_mcp_endpoint
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.oauth.broker import CALLBACK_PATH, Broker
 from sidecar.oauth.forward import Forwarder
@@ -149,7 +149,9 @@ def build_app(
                 port=lambda: runtime.port,
                 allowed_origins=settings.origin_tuples(),
                 fetch_site_exempt=lambda path: path == CALLBACK_PATH,  # a browser comes back cross-site
-                own_origin_paths=is_console_path,  # the console's page calls the daemon (issue 14)
+                # The console's page calls the daemon (issue 14); an MCP client in a page the daemon
+                # serves is no foreign site either (issue 23): its route token is still required.
+                own_origin_paths=lambda path: is_console_path(path) or is_mcp_endpoint(path),
             ),
             make_auth_middleware(
                 routes=lambda: app[ROUTES],

@@ -26,6 +26,7 @@ __all__ = [
     "connector_tool",
     "is_connector_grant",
     "is_grant_pattern",
+    "is_mcp_endpoint",
     "split_connector_tool",
 ]
 
@@ -91,3 +92,11 @@ def is_connector_grant(pattern: str) -> bool:
 def is_grant_pattern(pattern: str) -> bool:
     """Whether ``pattern`` may stand in a session's grant: ``*``, ``builtin:*``, ``mcp__<id>__*`` or a tool name."""
     return pattern in ("*", BUILTIN_GRANT) or TOOL_NAME.fullmatch(pattern) is not None or is_connector_grant(pattern)
+
+
+def is_mcp_endpoint(path: str) -> bool:
+    """Whether ``path`` is an MCP endpoint a client talks to: ``/mcp`` or ``/mcp/connectors/<id>``."""
+    if path == "/mcp":
+        return True
+    connector = path.removeprefix("/mcp/connectors/")
+    return connector != path and CONNECTOR_ID.fullmatch(connector) is not None

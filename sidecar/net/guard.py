@@ -90,8 +90,9 @@ def _check_request(
     # SECURITY: every raw Host value, never request.host (socket-address fallback when Host is absent).
     check_host(request.headers.getall(hdrs.HOST, []), port=port)
     # SECURITY: Origin is checked even on requests that carry a valid bearer token (unlike Jupyter). The
-    # daemon's own origin passes only where its own pages call it (the console, which then wants its
-    # cookie, its CSRF token and that very origin for every change); never on /mcp or /control.
+    # daemon's own origin passes only on the paths ``own_origin`` names: the console (which then wants its
+    # cookie, its CSRF token and that very origin for every change) and the MCP endpoints (which want a
+    # route token and an envelope anyway); never on /control, the REST facade or the internal API.
     allowed = allowed_origins | own_origins(port) if own_origin(request.path) else allowed_origins
     check_origin(request.headers.getall(hdrs.ORIGIN, []), allowed=allowed)
     # The target is origin-form by now, so request.path is the path the router will match.

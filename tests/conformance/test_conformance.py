@@ -14,13 +14,11 @@ installs them with ``npm ci``.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from sidecar.config import Settings
 from sidecar.paths import Paths
 from tests.conformance.header_proxy import HeaderProxy
 from tests.conftest import Daemon, running_daemon
@@ -38,16 +36,9 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
-    """A daemon that, as a user embedding it in a local page would, allows its own origin.
-
-    The suite's valid requests carry an Origin naming the server it was pointed at; the proxy turns
-    that into the daemon's own origin, which sidecar refuses unless configured (contract §3: none by default).
-    """
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    settings = Settings(port=port, allowed_origins=(f"http://127.0.0.1:{port}",))
-    async with running_daemon(Paths.resolve(), workspace, settings) as running:
+    """A daemon with default settings: the suite's valid requests carry an Origin naming the server it was
+    pointed at, which the proxy turns into the daemon's own origin, accepted on the MCP endpoints."""
+    async with running_daemon(Paths.resolve(), workspace) as running:
         yield running
 
 
