@@ -30,7 +30,7 @@ from typing import Annotated, ClassVar, Final
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from sidecar.errors import StorageError
-from sidecar.names import TOOL_NAME
+from sidecar.names import TOOL_NAME, connector_of_route
 from sidecar.store.files import loads_strict, read_private
 from sidecar.validation import render_errors
 
@@ -248,7 +248,7 @@ class BillingGate:
                 return GateVerdict(
                     billable=True,
                     kind=entry.approval_kind,
-                    group=entry.group,
+                    group=_scoped_group(scope, entry.group),
                     reason=f"listed in {state.source.path}",
                 )
         return GateVerdict.FREE
@@ -327,3 +327,10 @@ def read_source(source: ManifestSource) -> tuple[Mapping[str, BillableTool], str
     except _Unexpected as exc:
         logger.warning("billing manifest %s could not be checked", source.path, exc_info=exc.__cause__)
         return {}, f"{source.path}: could not be checked ({type(exc.__cause__).__name__}); see the daemon log"
+
+
+def _scoped_group(scope: str, group: str) -> str:
+    """A manifest's group as the session remembers it: a connector's groups are its own (``<id>/<group>``),
+    so approving one connector's ``images`` for a session never approves another connector's ``images``."""
+    connector = connector_of_route(scope)
+    return group if connector is None else f"{connector}/{group}"

@@ -109,6 +109,25 @@ async def _cli(home: Path, *args: str) -> str:
     return out.decode()
 
 
+async def test_a_remembered_group_covers_its_own_connector_not_another_of_the_same_name(daemon: Daemon) -> None:
+    _plugin(daemon)
+    _package(daemon)
+    await trust(daemon, "studio-echo")
+    await trust(daemon, "meter")
+    session = await daemon.new_session(mode="bypass", allow=["mcp__studio-echo__*", "mcp__meter__*"])
+    async with mcp_client(session, mode="legacy") as client:
+        asked = await client.call_tool("mcp__studio-echo__echo", {"text": "x"})
+        assert _verdict(tool_text(asked), asked.is_error) == "asked"
+        [pending] = (await daemon.control("GET", "/control/approvals"))["approvals"]
+        await daemon.control("POST", f"/control/approvals/{pending['approval_id']}/allow", {"remember": "session"})
+        own = await client.call_tool("mcp__studio-echo__echo", {"text": "again"})
+        other = await client.call_tool("mcp__meter__echo", {"text": "x"})
+    assert (tool_text(own), own.is_error) == ("again", False)
+    assert _verdict(tool_text(other), other.is_error) == "asked"  # meter's "images" was never approved
+    [still] = (await daemon.control("GET", "/control/approvals"))["approvals"]
+    assert (still["tool"], still["group"]) == ("mcp__meter__echo", "meter/images")
+
+
 async def test_a_plugins_billable_tools_ask_in_every_mode_on_every_path(daemon: Daemon, home: Path) -> None:
     _plugin(daemon, defer_loading=["env_keys"])  # a plugin's .mcp.json may say defer_loading: honoured
     listing = await daemon.control("GET", "/control/connectors")
@@ -132,7 +151,7 @@ async def test_a_plugins_billable_tools_ask_in_every_mode_on_every_path(daemon: 
     assert (pending["tool"], pending["kind"], pending["group"]) == (
         "mcp__studio-echo__echo",
         "image-generation",
-        "images",
+        "studio-echo/images",  # a connector's group is its own: another connector's "images" is another
     )
     await daemon.control("POST", f"/control/approvals/{pending['approval_id']}/allow", {"remember": "session"})
     async with mcp_client(session, mode="legacy") as client:
