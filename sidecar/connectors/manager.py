@@ -122,8 +122,9 @@ def _provider(provider: Provider) -> dict[str, object]:
 
 
 ChangeListener = Callable[[Connector, str], None]
-"""Called with (connector, event): ``trusted``, ``untrusted``, ``changed`` (its trust key moved), or
-``updated`` (still trusted, but what it declares for sidecar changed: its tools' deferral)."""
+"""Called with (connector, event): ``trusted``, ``untrusted``, ``changed`` (its trust key moved),
+``restored`` (its key moved back to one the user trusted: an edit undone), or ``updated`` (still
+trusted, but what it declares for sidecar changed: its tools' deferral)."""
 
 
 class ConnectorManager:
@@ -193,13 +194,17 @@ class ConnectorManager:
 
     def _reread(self, spec: ConnectorSpec, key: str, old: Connector | None) -> tuple[Connector, str | None]:
         """The connector ``spec`` is now, and the event it makes: ``changed`` (its key moved since it was
-        trusted), ``updated`` (same key, trusted, another spec) or none."""
+        trusted), ``restored`` (its key moved back to a trusted one), ``updated`` (same key, trusted,
+        another spec) or none."""
         state = self._state_for(spec.id, key)
         if old is None or old.key != key:
             connector = Connector(spec=spec, key=key, state=state)
             if old is not None and old.trusted:
                 logger.warning("connector %s changed since it was trusted; it needs trust again", spec.id)
                 return connector, "changed"
+            if old is not None and connector.trusted:
+                logger.info("connector %s is back to what was trusted; its route and tools return", spec.id)
+                return connector, "restored"
             return connector, None
         if old.state is ConnectorState.ERROR and state is ConnectorState.TRUSTED:
             state = ConnectorState.ERROR  # it would not start: so it stays, with its reason, until trusted again

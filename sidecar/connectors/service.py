@@ -242,6 +242,10 @@ class ConnectorService:
         elif event == "updated":
             self.tools.sync()  # its tools again, as it now declares them (deferral)
             self._notify(None)
+        elif event == "restored":
+            self.tools.sync()  # the tools cached under the key it is back to
+            self._mount(connector.id)
+            self._notify(None)
 
     async def _withdraw(self, connector_id: str) -> None:
         self._unmount(connector_id)

@@ -91,6 +91,25 @@ async def test_an_edited_launch_config_loses_its_trust_and_its_processes_without
             await asyncio.sleep(0.05)
 
 
+async def test_an_edit_changed_back_restores_the_route_and_the_tools_at_once(echo: Daemon) -> None:
+    path = echo.paths.config / "mcp.json"
+    session = await echo.new_session(allow=["*"], mode="bypass")
+    _write_atomically(path, {"echo": _echo("--verbose")})
+    await _until(echo, lambda c: c["echo"]["state"] == "changed")
+    assert "connector:echo" not in (await echo.control("GET", "/control/status"))["routes"]
+
+    _write_atomically(path, {"echo": _echo()})  # back to exactly what the user trusted
+    await _until(echo, lambda c: c["echo"]["state"] == "trusted")
+    assert "connector:echo" in (await echo.control("GET", "/control/status"))["routes"]
+    async with mcp_client(session) as client:
+        searched = await client.call_tool("tool_search", {"query": "echo text"})  # connector tools are deferred
+        assert "mcp__echo__echo" in json.dumps(searched.structured_content)
+        assert tool_text(await client.call_tool("mcp__echo__echo", {"text": "back"})) == "back"
+    routed = await echo.new_session(mode="bypass", connector="echo")  # its own route is mounted again
+    async with mcp_client(routed) as client:
+        assert tool_text(await client.call_tool("echo", {"text": "routed"})) == "routed"
+
+
 async def test_a_new_server_appears_untrusted_and_a_removed_one_is_withdrawn(echo: Daemon) -> None:
     path = echo.paths.config / "mcp.json"
     _write_atomically(path, {"echo": _echo(), "other": _echo("other")})
