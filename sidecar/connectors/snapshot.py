@@ -1,7 +1,7 @@
 """What a connector was trusted as, kept to say what changed since (issue 14: the console's Trust view).
 
 The trust store keeps only ``<id>::<sha256>``: enough to know that a config changed, not what. At each
-trust the launch config as hashed (``trustkey.canonical_launch``: command, args, env *keys*, cwd, url,
+trust the launch config as hashed (``trustkey.canonical_launch``: command, args, env keys and value digests, cwd, url,
 header names, OAuth client, offline declaration) and the package digest are written beside the tool
 cache, ``<state>/connectors/<id>.trusted.json``. A connector now ``changed`` is compared with it field by
 field. The file only explains; it never grants: trust is still the key in the trust store, and a

@@ -1,12 +1,16 @@
 """Trust pinned to content: the key an approval is recorded under (contract §5).
 
 ``trust_key(spec)`` is ``<id>::<sha256>`` over the canonical launch config and, for packages and plugins,
-the digest of every file in the connector's directory. Any change to the command, the args, the env *keys*,
-the cwd, the url, the header *names*, the pre-registered OAuth client (its id, its secret file's path, its
-scopes), an offline declaration or a package file changes the key, so an
+the digest of every file in the connector's directory. Any change to the command, the args, the env
+(keys and values), the cwd, the url, the header *names*, the pre-registered OAuth client (its id, its
+secret file's path, its scopes), an offline declaration or a package file changes the key, so an
 approval given to one config never carries over to another (the swapped-config attack of Cursor's
-CVE-2025-54136). Env and header *values* are left out on purpose: they hold secrets the user rotates, and
-rotating a token must not revoke trust.
+CVE-2025-54136).
+
+Env *values* count because they can run code as surely as the command can (``LD_PRELOAD``,
+``NODE_OPTIONS``, ``PYTHONPATH``); they enter as a digest each (``env_digests``), as written in the config
+(a ``${NAME}`` placeholder, not what it expands to), so a secret is never kept or shown in clear.
+Header *values* stay out: they carry the bearer tokens a user rotates, and they run nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
         "url": launch.url,
         "header_keys": sorted(launch.headers),
     }
+    if launch.env:
+        # Only where there is an env: a connector without one keeps the key it was trusted under.
+        canonical["env_digests"] = {name: _env_digest(name, value) for name, value in sorted(launch.env.items())}
     if not spec.network:
         canonical["offline"] = True
     if spec.process == "shared":
@@ -66,6 +73,11 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
         if launch.oauth.metadata_document:
             canonical["oauth"]["metadata_document"] = True  # type: ignore[index]
     return canonical_json(canonical)
+
+
+def _env_digest(name: str, value: str) -> str:
+    """A value as the trust key holds it: SHA-256 over the name and the value, never the value itself."""
+    return hashlib.sha256(b"sidecar env value\0" + name.encode() + b"\0" + value.encode()).hexdigest()
 
 
 def _file_sha256(path: Path, budget: int) -> tuple[str, int]:

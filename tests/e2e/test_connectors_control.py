@@ -60,10 +60,11 @@ async def test_trust_is_pinned_to_the_config_as_it_is_now(daemon: Daemon) -> Non
         ("command", "uv"),
         ("env", {"TZ": "UTC", "EXTRA": "1"}),
         ("cwd", "/tmp"),
+        ("env", {"TZ": "Europe/Paris"}),  # a value: it can run code as a key can (LD_PRELOAD)
     ]:
         write_user_servers(daemon, {"time": {**TIME_SERVER, field: value}})
         assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "changed", field
-    write_user_servers(daemon, {"time": {**TIME_SERVER, "env": {"TZ": "Europe/Paris"}}})  # a value, not a key
+    write_user_servers(daemon, {"time": TIME_SERVER})  # back to what was trusted
     assert _states(await daemon.control("GET", "/control/connectors"))["time"] == "trusted"
 
     write_user_servers(daemon, {"clock": TIME_SERVER})  # the same config under another name

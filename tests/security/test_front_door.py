@@ -375,14 +375,15 @@ async def test_an_absolute_form_target_naming_the_daemon_itself_is_refused(front
         pytest.param("", id="empty"),
         pytest.param("http://evil.com", id="foreign"),
         pytest.param(ALLOWED_LOOKING_ORIGIN, id="localhost-not-configured"),
-        pytest.param("http://127.0.0.1:{port}", id="the-daemon-itself-not-configured"),
+        # The daemon's own origin passes on /mcp (with the route token): tests/security/test_own_origin.py.
+        pytest.param("http://127.0.0.1:{other_port}", id="the-daemons-address-on-another-port"),
         pytest.param("not a url", id="unparsable"),
         pytest.param("http://evil.com/path", id="unparsable-with-path"),
         pytest.param("http://user@127.0.0.1:{port}", id="unparsable-userinfo"),
     ],
 )
 async def test_a_request_with_a_disallowed_origin_is_refused(front: Front, origin: str) -> None:
-    value = origin.format(port=front.port)
+    value = origin.format(port=front.port, other_port=front.port + 1)
     request = _encode(_plus(_call_headers(front), "Origin", value), _call_body())
     await _refused(front, request, status=403, code="origin_not_allowed")
 

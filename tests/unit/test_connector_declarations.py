@@ -149,7 +149,7 @@ def test_a_connectors_manifest_covers_its_own_scope_by_its_own_names(tmp_path: P
     gate = BillingGate([])
     gate.cover(source.scope, [source])
     paid = gate.check(scope="connector:studio-render", tool="mcp__studio-render__render")
-    assert (paid.billable, paid.kind, paid.group) == (True, "image-generation", "images")
+    assert (paid.billable, paid.kind, paid.group) == (True, "image-generation", "studio-render/images")  # its own group
     assert not gate.check(scope="connector:studio-render", tool="mcp__studio-render__upscale").billable
     assert not gate.check(scope="builtin", tool="render").billable  # another scope: not its names
     assert not gate.check(scope="connector:other", tool="mcp__other__render").billable

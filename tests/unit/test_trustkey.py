@@ -80,17 +80,25 @@ def _http_spec() -> ConnectorSpec:
 # --------------------------------------------------------------------------------------------- canonical launch
 
 
-def test_the_canonical_launch_is_sorted_compact_json_with_env_keys_but_no_values(package: Path) -> None:
+def test_the_canonical_launch_is_sorted_compact_json_with_env_digests_but_no_values(package: Path) -> None:
     spec = load_package(package)
     raw = canonical_launch(spec)
+    token = hashlib.sha256(b"sidecar env value\0API_TOKEN\0secret-one").hexdigest()
+    level = hashlib.sha256(b"sidecar env value\0LOG_LEVEL\0info").hexdigest()
     assert raw == (
         b'{"args":["${SIDECAR_CONNECTOR_ROOT}/server.py"],"command":"python3","cwd":null,'
+        b'"env_digests":{"API_TOKEN":"' + token.encode() + b'","LOG_LEVEL":"' + level.encode() + b'"},'
         b'"env_keys":["API_TOKEN","LOG_LEVEL"],"header_keys":[],"transport":"stdio","url":null}'
     )
     assert b"secret-one" not in raw
 
 
-def test_header_values_are_left_out_like_env_values() -> None:
+def test_a_connector_without_env_keeps_the_key_it_had_before_env_values_counted() -> None:
+    raw = canonical_launch(_http_spec())
+    assert b"env_digests" not in raw
+
+
+def test_header_values_are_left_out() -> None:
     raw = canonical_launch(_http_spec())
     assert b'"header_keys":["X-Key"]' in raw
     assert b"v1" not in raw
@@ -105,6 +113,7 @@ LAUNCH_EDITS: list[tuple[str, Callable[[ConnectorSpec], ConnectorSpec]]] = [
     ("args: one prepended", lambda s: _with_launch(s, args=("-X", *s.launch.args))),
     ("env: a key added", lambda s: _with_launch(s, env=_env(s, NODE_OPTIONS="--require x"))),
     ("env: a key removed", lambda s: _with_launch(s, env=MappingProxyType({"API_TOKEN": "secret-one"}))),
+    ("env: a value", lambda s: _with_launch(s, env=_env(s, LOG_LEVEL="debug"))),
     (
         "env: a key renamed",
         lambda s: _with_launch(s, env=MappingProxyType({"API_TOKEN": "secret-one", "LOGLEVEL": "info"})),
@@ -158,22 +167,35 @@ def test_the_pre_registered_oauth_client_is_part_of_the_key_but_a_server_without
     assert b"oauth" not in canonical_launch(_http_spec())
 
 
-def test_changing_an_env_or_header_value_keeps_the_key(package: Path) -> None:
+def test_changing_an_env_value_changes_the_key_and_a_header_value_does_not(package: Path) -> None:
     spec = load_package(package)
     rotated = _with_launch(spec, env=_env(spec, API_TOKEN="secret-two"))
-    assert trust_key(rotated) == trust_key(spec)
+    assert trust_key(rotated) != trust_key(spec)
     http = _http_spec()
     assert trust_key(_with_launch(http, headers=MappingProxyType({"X-Key": "v2"}))) == trust_key(http)
 
 
-def test_changing_an_env_value_in_the_file_keeps_the_key_of_a_user_server(tmp_path: Path) -> None:
+def test_an_ld_preload_swapped_in_the_file_is_another_config(tmp_path: Path) -> None:
     path = tmp_path / "mcp.json"
     keys = []
-    for token in ("one", "two"):
-        _write(path, {"mcpServers": {"s": {"command": "x", "env": {"TOKEN": token}}}})
+    for library in ("/tmp/other.so", "/tmp/third.so"):
+        _write(path, {"mcpServers": {"s": {"command": "x", "env": {"LD_PRELOAD": library}}}})
         (spec,), _ = load_user_servers(path)
         keys.append(trust_key(spec))
-    assert keys[0] == keys[1]
+        assert library.encode() not in canonical_launch(spec)  # hashed, never kept in clear
+    assert keys[0] != keys[1]
+
+
+def test_an_env_placeholder_counts_as_written_not_as_it_expands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "mcp.json"
+    _write(path, {"mcpServers": {"s": {"command": "x", "env": {"URL": "${SIDECAR_LOCAL_MCP_ORIGIN}"}}}})
+    (spec,), _ = load_user_servers(path)
+    before = trust_key(spec)
+    monkeypatch.setenv("SIDECAR_LOCAL_MCP_ORIGIN", "http://127.0.0.1:1")
+    (again,), _ = load_user_servers(path)
+    assert trust_key(again) == before
 
 
 def test_the_id_is_part_of_the_key(package: Path) -> None:
