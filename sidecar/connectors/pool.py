@@ -41,7 +41,7 @@ from mcp import ClientSession
 
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.lane import RawLane
-from sidecar.connectors.launch import HttpAuthSource, LaunchPlan, http_transport
+from sidecar.connectors.launch import START_TIMEOUT, HttpAuthSource, LaunchPlan, http_transport
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
 from sidecar.connectors.shared import SessionView
@@ -53,8 +53,6 @@ __all__ = ["SHARED", "ConnectorPool", "PoolLimits"]
 
 logger = logging.getLogger(__name__)
 
-START_TIMEOUT: Final = 30.0
-"""Seconds a connector has to spawn and answer ``initialize`` (a cold ``npx``/``uvx`` may download first)."""
 BACKOFF_START: Final = 0.5
 BACKOFF_MAX: Final = 30.0
 MAX_RESTARTS: Final = 5
@@ -411,7 +409,9 @@ class ConnectorPool:
         except SidecarError as exc:  # ToolError, or a shared process's plan whose session has ended
             logger.info("restart of %s in session %s failed: %s", key[1], key[0], exc)
             return
-        self.healthy(*key)
+        # Its tools return now; its crashes count on until a call succeeds (``healthy``): a server that
+        # starts fine and crashes on every call still reaches the crash loop's error.
+        self._changed(key)
 
     async def settle(self, session_id: str, connector_id: str) -> str | None:
         """After a lost connection: wait (bounded) for the holder to record the exit; return its reason."""

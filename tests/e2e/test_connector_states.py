@@ -119,10 +119,36 @@ async def test_a_crash_disconnects_that_session_and_a_crash_loop_puts_it_in_erro
     assert await _everywhere(daemon, home, "loopy") == ("trusted", 0)  # the connector itself is still trusted
 
 
+async def test_a_connector_that_starts_fine_but_crashes_on_every_call_reaches_error(daemon: Daemon) -> None:
+    # Each restart succeeds, so only the calls' crashes can count towards the loop: a restart that
+    # answers initialize must not wipe the crashes before it.
+    write_user_servers(daemon, {"echo": python_server(ECHO_SERVER)})
+    await trust(daemon, "echo")
+    session = await daemon.new_session(mode="bypass", allow=["*"])
+    state, crashes = None, 0
+    while crashes < 5:
+        crashes += 1
+        async with mcp_client(session) as client:
+            assert (await client.call_tool("mcp__echo__crash", {})).is_error
+        async with asyncio.timeout(BOUND):  # restarted after its backoff (connected), or in error
+            while (state := await _as_agent(session, "echo")) not in ("connected", "error"):
+                await asyncio.sleep(0.1)
+        if state == "error":
+            break
+    assert (crashes, state) == (5, "error")
+    async with mcp_client(session) as client:
+        [echo] = (await client.call_tool("list_connectors", {})).structured_content["connectors"]  # type: ignore[index]
+        refused = await client.call_tool("mcp__echo__echo", {"text": "x"})
+    assert "crashed 5 times" in echo["error"]
+    assert refused.is_error  # it stays in error: no sixth start
+
+
 async def test_a_connector_that_would_not_start_stays_in_error_with_its_reason_until_trusted_again(
-    daemon: Daemon, home: Path
+    daemon: Daemon, home: Path, tmp_path: Path
 ) -> None:
-    dying = python_server(FIXTURES / "dying.py", env={"DIE_AT_START": "1"})
+    broken = tmp_path / "broken"
+    broken.write_text("")
+    dying = python_server(FIXTURES / "dying.py", env={"DIE_WHILE": str(broken)})
     write_user_servers(daemon, {"dying": dying})
     trusted = await daemon.control("POST", "/control/connectors/dying/trust")
     assert trusted["state"] == "error" and "exited with code 7" in trusted["error"]
@@ -132,8 +158,8 @@ async def test_a_connector_that_would_not_start_stays_in_error_with_its_reason_u
     session = await daemon.new_session(mode="bypass", allow=["*"])
     assert await _as_agent(session, "dying") is None
 
-    # Fixed (an env value: the same trust key), it is still in error until the user trusts it again.
-    write_user_servers(daemon, {"dying": python_server(FIXTURES / "dying.py", env={"DIE_AT_START": ""})})
+    # Fixed outside its config (the same trust key), it is still in error until the user trusts it again.
+    broken.unlink()
     assert await _everywhere(daemon, home, "dying") == ("error", 0)
     again = await daemon.control("POST", "/control/connectors/dying/trust")
     assert (again["state"], again["error"]) == ("trusted", None)
