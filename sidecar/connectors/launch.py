@@ -25,6 +25,7 @@ from sidecar.errors import ToolError
 __all__ = [
     "CALL_TIMEOUT",
     "ENV_ALLOWLIST",
+    "START_TIMEOUT",
     "HttpAuthSource",
     "LaunchContext",
     "LaunchPlan",
@@ -35,6 +36,8 @@ __all__ = [
 
 CALL_TIMEOUT: Final = 300.0
 """Seconds one proxied call may take before it is cancelled at the connector."""
+START_TIMEOUT: Final = 30.0
+"""Seconds a connector has to spawn and answer ``initialize`` (a cold ``npx``/``uvx`` may download first)."""
 
 ENV_ALLOWLIST: Final = (
     "PATH",

@@ -137,8 +137,13 @@ class Upstream:
         opts: CallOptions | None = None,
         *,
         origin: tuple[Sink, RequestId] | None = None,
+        within: float | None = None,
     ) -> dict[str, Any]:
-        """Send one request under an id of ours; ``origin`` is the client exchange and id it came from."""
+        """Send one request under an id of ours; ``origin`` is the client exchange and id it came from.
+
+        ``within`` bounds the answer (seconds; ``CALL_TIMEOUT`` unless given: the handshake has the start's bound).
+        """
+        bound = CALL_TIMEOUT if within is None else within
         dispatcher = self._dispatcher
         if dispatcher is None:
             raise MCPError(code=INTERNAL_ERROR, message=f"connector {self.name} is not running")
@@ -153,7 +158,7 @@ class Upstream:
             lane = self._process.lane if self._process is not None else None
             if lane is not None and method == "tools/call":
                 # Straight onto stdin (lane.RawLane), whose cancel is written without awaiting: no task.
-                async with asyncio.timeout(CALL_TIMEOUT):
+                async with asyncio.timeout(bound):
                     return await lane.request(
                         method, params or {}, request_id=ours, on_progress=options.get("on_progress")
                     )
@@ -161,11 +166,11 @@ class Upstream:
             # (anyio scopes), and only a separate task lets the dispatcher's notifications/cancelled
             # reach the connector when the client cancels.
             return await in_order(
-                lambda opts: asyncio.wait_for(dispatcher.send_raw_request(method, params, opts), CALL_TIMEOUT),
+                lambda opts: asyncio.wait_for(dispatcher.send_raw_request(method, params, opts), bound),
                 options,
             )
         except TimeoutError:
-            raise MCPError(code=REQUEST_TIMEOUT, message=f"{method} took longer than {CALL_TIMEOUT:.0f}s") from None
+            raise MCPError(code=REQUEST_TIMEOUT, message=f"{method} took longer than {bound:.0f}s") from None
         except MCPError as exc:
             if exc.error.code != CONNECTION_CLOSED:
                 raise  # the connector's own error, as it sent it

@@ -45,6 +45,7 @@ from sidecar.auth.sessions import Session, SessionStore
 from sidecar.bus.policy import grants_connector, reaches_connector
 from sidecar.bus.registry import CallContext, ToolOutput
 from sidecar.bus.tools import ToolService
+from sidecar.connectors.launch import START_TIMEOUT
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.proxy import withheld_message
 from sidecar.connectors.service import ConnectorService
@@ -156,7 +157,7 @@ class Relay:
         # The SDK unwinds this stack when the MCP session ends (DELETE, idle expiry, shutdown).
         connection.exit_stack.push_async_callback(self._upstreams.drop, upstream)
         try:
-            return await upstream.request("initialize", ctx.params, {"cancel_on_abandon": False})
+            return await upstream.request("initialize", ctx.params, {"cancel_on_abandon": False}, within=START_TIMEOUT)
         except BaseException:
             await self._upstreams.drop(upstream)
             raise
