@@ -27,6 +27,7 @@ from typing import Any, Final
 import httpx2
 import psutil
 import pytest
+import pytest_asyncio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -228,6 +229,26 @@ async def _stop_in_process(runtime: dict[str, Any], task: asyncio.Task[int]) -> 
 @pytest.fixture
 async def daemon(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
     async with running_daemon(Paths.resolve(), workspace) as d:
+        yield d
+
+
+SHARED: Final = pytest.mark.asyncio(loop_scope="module")
+"""``pytestmark`` of a module whose tests share ``shared_daemon``: they run on the module's event loop."""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Daemon]:
+    """One daemon for a module of tests that each open a session of their own and change nothing else.
+
+    Starting a daemon per test was most of a security module's time; a test that needs a fresh daemon
+    (it reads the whole audit log, rotates a key, restarts) keeps ``daemon``. A test that uses this one
+    runs on the module's event loop (``pytestmark = SHARED``), as must its async fixtures.
+    """
+    root = tmp_path_factory.mktemp("shared-home")
+    workspace = root / "workspace"
+    workspace.mkdir()
+    paths = Paths(config=root / "config", state=root / "state", data=root / "data")
+    async with running_daemon(paths, workspace) as d:
         yield d
 
 

@@ -8,6 +8,8 @@ change at run time (the definition is frozen).
 from __future__ import annotations
 
 import enum
+import functools
+import json
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
@@ -127,6 +129,23 @@ class ToolOptions(TypedDict, total=False):
     available: Callable[[Session], bool] | None
 
 
+def _check_schema(schema: dict[str, Any]) -> None:
+    """Raise unless ``schema`` is a valid JSON Schema; a schema already seen is not checked again."""
+    try:
+        text = json.dumps(schema, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        Draft202012Validator.check_schema(schema)  # not JSON: let the validator say what is wrong
+        return
+    _check_schema_text(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_schema_text(text: str) -> None:
+    # Checking against the meta-schema is most of a daemon's start (the same built-in schemas each
+    # time) and of a connector's tool listing; the check is pure, so its answer for one text holds.
+    Draft202012Validator.check_schema(json.loads(text))
+
+
 class ToolRegistry:
     """Holds tool definitions by name; names are unique and never silently replaced."""
 
@@ -168,7 +187,7 @@ class ToolRegistry:
         schema = dict(parameters or {"type": "object", "properties": {}})
         if schema.get("type") != "object":
             raise ValueError(f"tool {name!r}: parameters must be a JSON Schema of type object")
-        Draft202012Validator.check_schema(schema)
+        _check_schema(schema)
         definition = ToolDef(
             name=name,
             description=description,

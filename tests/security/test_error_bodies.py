@@ -19,9 +19,9 @@ import json
 from typing import Any, Final
 
 import pytest
+import pytest_asyncio
 
-from sidecar.errors import RequestRejected
-from sidecar.http import MAX_MESSAGE, error_json, error_response
+from tests.conftest import SHARED, Daemon
 from tests.security.test_front_door import (
     Front,
     Headers,
@@ -33,9 +33,10 @@ from tests.security.test_front_door import (
     _replaced,
     _send,
     _sse_or_json,
-    _tool_calls,
     _without,
 )
+
+pytestmark = SHARED  # one daemon for the module; each test has a session of its own
 
 MARK: Final = "zq7mark"
 """A string no answer would contain unless it echoed the request."""
@@ -66,7 +67,7 @@ async def _refused_inertly(front: Front, request: bytes, *, status: int) -> Any:
     before = daemon.audit_bytes()
     body = _assert_inert(await _send(front.port, request), status=status)
     assert daemon.audit_bytes() == before, "a refused request changed the audit log"
-    assert not _tool_calls(daemon), "a refused request ran a tool"
+    assert not front.tool_calls(), "a refused request ran a tool"
     await _assert_healthy(front)
     return body
 
@@ -78,9 +79,9 @@ async def _assert_healthy(front: Front) -> None:
     assert (healthz.status, healthz.body) == (200, b'{"status":"ok"}'), healthz
 
 
-@pytest.fixture
-async def front(daemon: Any) -> Front:
-    return Front(daemon, await daemon.new_session())
+@pytest_asyncio.fixture(loop_scope="module")
+async def front(shared_daemon: Daemon) -> Front:
+    return Front(shared_daemon, await shared_daemon.new_session())
 
 
 # --- the network guard: the value is never echoed, only what is wrong with it ------------------------
@@ -219,7 +220,7 @@ async def test_a_refused_mcp_tool_name_is_not_echoed(front: Front) -> None:
     result = _sse_or_json(reply)["result"]
     assert result["isError"] is True
     assert MARK.encode() not in reply.body and b"<script>" not in reply.body, reply.body
-    assert not _tool_calls(front.daemon) or all(c["outcome"] != "ok" for c in _tool_calls(front.daemon))
+    assert all(c["outcome"] != "ok" for c in front.tool_calls())
     await _assert_healthy(front)
 
 
@@ -258,12 +259,6 @@ async def test_a_request_the_parser_refuses_is_an_inert_json_400(front: Front) -
     assert body["error"]["code"] == "bad_request"
 
 
-def test_the_error_encoder_escapes_markup_and_everything_outside_printable_ascii() -> None:
-    text = error_json({"error": {"message": "<script>&\x00\x1b\x7f\u202e\u2028é"}})
-    assert text == ('{"error":{"message":"\\u003cscript\\u003e\\u0026\\u0000\\u001b\\u007f\\u202e\\u2028\\u00e9"}}')
-    assert json.loads(text)["error"]["message"] == "<script>&\x00\x1b\x7f\u202e\u2028é"
-
-
 async def test_a_helpful_value_comes_back_escaped_and_cut_short(front: Front) -> None:
     # A session's workspace is worth naming when it does not exist: it comes back, but inert and short.
     headers: Headers = [
@@ -282,14 +277,6 @@ async def test_a_helpful_value_comes_back_escaped_and_cut_short(front: Front) ->
     await _assert_healthy(front)
 
 
-def test_a_message_past_the_bound_is_cut() -> None:
-    reply = error_response("/control/x", RequestRejected("y" * (3 * MAX_MESSAGE)))
-    assert reply.text is not None
-    message = json.loads(reply.text)["error"]["message"]
-    assert len(message) == MAX_MESSAGE and message.endswith("...")
-    assert reply.headers["X-Content-Type-Options"] == "nosniff"
-
-
 async def test_the_sdk_s_own_json_errors_carry_nosniff(front: Front) -> None:
     # A 2026-07-28 call whose Mcp-Method header disagrees with its body: the SDK's own 400.
     headers = _replaced(_call_headers(front), "Mcp-Method", "tools/list")
@@ -297,5 +284,5 @@ async def test_the_sdk_s_own_json_errors_carry_nosniff(front: Front) -> None:
     assert reply.status == 400, reply
     assert reply.headers.get("x-content-type-options") == "nosniff", reply.headers
     assert reply.headers["content-type"].startswith("application/json")
-    assert not _tool_calls(front.daemon)
+    assert not front.tool_calls()
     await _assert_healthy(front)

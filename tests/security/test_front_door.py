@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+import pytest_asyncio
 
 from sidecar.config import Settings
 from sidecar.paths import Paths
-from tests.conftest import Daemon, raw_request, running_daemon
+from tests.conftest import SHARED, Daemon, raw_request, running_daemon
 from tests.helpers import initialize_request, response_head
 
 PROTOCOL_2026: Final = "2026-07-28"
@@ -35,6 +36,8 @@ ALLOWED_LOOKING_ORIGIN: Final = "http://localhost:5173"
 IO_TIMEOUT: Final = 10.0  # seconds for one whole request/response exchange on loopback
 
 Headers = list[tuple[str, str]]
+
+pytestmark = SHARED  # one daemon for the module; each test has a session of its own
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class Front:
     @property
     def envelope(self) -> str:
         return str(self.session["headers"]["X-Sidecar-Context"])
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The ``tool.call`` records of this session (the daemon serves other tests' sessions too)."""
+        return [c for c in self.daemon.audit_events("tool.call") if c["session"] == self.session["session_id"]]
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -180,10 +187,6 @@ async def _send_read_one(port: int, request: bytes) -> Reply:
     return Reply(status, headers, body)
 
 
-def _tool_calls(daemon: Daemon) -> list[dict[str, Any]]:
-    return daemon.audit_events("tool.call")
-
-
 async def _refused(
     front: Front,
     request: bytes,
@@ -205,7 +208,7 @@ async def _refused(
         assert "www-authenticate" not in reply.headers, reply.headers
     assert "access-control-allow-origin" not in reply.headers, reply.headers
     assert daemon.audit_bytes() == before, "a refused request changed the audit log"
-    assert not _tool_calls(daemon), "a refused request ran a tool"
+    assert not front.tool_calls(), "a refused request ran a tool"
     return reply
 
 
@@ -233,12 +236,12 @@ def _sse_or_json(reply: Reply) -> Any:
 # --- fixtures ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def front(daemon: Daemon) -> Front:
-    return Front(daemon, await daemon.new_session())
+@pytest_asyncio.fixture(loop_scope="module")
+async def front(shared_daemon: Daemon) -> Front:
+    return Front(shared_daemon, await shared_daemon.new_session())
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def other_daemon(tmp_path: Path, workspace: Path) -> AsyncIterator[Daemon]:
     """A second, independent daemon (its own home, so its own envelope key and route tokens)."""
     root = tmp_path / "other-home"
@@ -259,7 +262,7 @@ async def test_the_valid_request_runs_the_tool_and_audits_the_call(front: Front)
     result = message["result"]
     assert not result.get("isError"), result
     assert "2" in json.dumps(result["content"]), result
-    calls = _tool_calls(front.daemon)
+    calls = front.tool_calls()
     assert len(calls) == 1, calls
     assert calls[0]["tool"] == "calculate"
     assert calls[0]["outcome"] == "ok"
@@ -531,7 +534,7 @@ def _message_2025(method: str, params: dict[str, Any], *, message_id: int | None
     return json.dumps(message).encode()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def opened_transport(front: Front) -> str:
     """A 2025-era MCP transport session opened (initialize + initialized) by ``front``'s session."""
     initialize = _message_2025(
@@ -571,7 +574,7 @@ async def test_a_transport_session_is_refused_to_another_sidecar_session(
     owned = await _send(front.port, _encode(_headers_2025(front, transport_id=opened_transport), _CALL_2025))
     assert owned.status == 200, owned
     assert _sse_or_json(owned)["id"] == 2
-    assert [c["session"] for c in _tool_calls(front.daemon)] == [front.session["session_id"]]
+    assert (len(front.tool_calls()), intruder.tool_calls()) == (1, [])
 
 
 # --- contract §4 on the REST facade: the same credentials guard the other way to run a tool ---------------
@@ -586,7 +589,7 @@ async def test_the_rest_facade_runs_the_tool_with_valid_credentials(front: Front
     reply = await _send(front.port, _rest_invoke(_call_headers(front)))
     assert reply.status == 200, reply
     assert reply.json()["status"] == "ok"
-    assert [c["via"] for c in _tool_calls(front.daemon)] == ["rest"]
+    assert [c["via"] for c in front.tool_calls()] == ["rest"]
 
 
 @pytest.mark.parametrize(
@@ -711,7 +714,7 @@ async def test_a_cors_preflight_gets_no_cors_headers(front: Front) -> None:
     assert front.daemon.audit_bytes() == before
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def daemon_allowing_an_origin(tmp_path: Path, workspace: Path) -> AsyncIterator[Daemon]:
     root = tmp_path / "origin-home"
     paths = Paths(config=root / "config", state=root / "state", data=root / "data")
@@ -767,7 +770,7 @@ async def test_a_member_name_in_another_case_is_not_that_member(front: Front) ->
     before = front.daemon.audit_bytes()
     reply = await _send(front.port, _encode(_call_headers(front), body))
     assert 400 <= reply.status < 500, reply
-    assert not _tool_calls(front.daemon), "a call ran without a method member"
+    assert not front.tool_calls(), "a call ran without a method member"
     assert front.daemon.audit_bytes() == before
 
 
