@@ -30,7 +30,6 @@ from typing import Any, Final, cast
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.typedefs import Handler
-from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from sidecar.errors import (
@@ -42,6 +41,7 @@ from sidecar.errors import (
     SidecarError,
     Unauthorized,
 )
+from sidecar.seams.aiohttp_server import ConnectionHandler, HandlerRunner
 
 __all__ = [
     "MAX_MESSAGE",
@@ -161,7 +161,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return _internal_error(request.path)
 
 
-class _Connection(RequestHandler):  # type: ignore[misc]
+class _Connection(ConnectionHandler):
     """aiohttp's connection handler, with a deadline on each request's head and JSON rejections.
 
     **Head deadline.** aiohttp bounds neither the wait for a new connection's first request nor a head
@@ -184,11 +184,11 @@ class _Connection(RequestHandler):  # type: ignore[misc]
         self._arm_head_deadline()
 
     def data_received(self, data: bytes) -> None:
-        heads = self._request_count
+        heads = self.requests_parsed
         super().data_received(data)
-        if self._request_count != heads:  # the parser produced a request: its head is complete
+        if self.requests_parsed != heads:  # the parser produced a request: its head is complete
             self._disarm_head_deadline()
-        elif self._head_timer is None and not self._request_in_progress and not self._messages:
+        elif self._head_timer is None and not self.busy:
             self._arm_head_deadline()  # the first bytes of a later request's head
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -196,7 +196,7 @@ class _Connection(RequestHandler):  # type: ignore[misc]
         super().connection_lost(exc)
 
     def _arm_head_deadline(self) -> None:
-        self._head_timer = self._loop.call_later(self.head_timeout, self._head_expired)
+        self._head_timer = self.event_loop.call_later(self.head_timeout, self._head_expired)
 
     def _disarm_head_deadline(self) -> None:
         if self._head_timer is not None:
@@ -206,7 +206,7 @@ class _Connection(RequestHandler):  # type: ignore[misc]
     def _head_expired(self) -> None:
         self._head_timer = None
         transport = self.transport
-        if transport is None or self._request_in_progress or self._messages:
+        if transport is None or self.busy:
             return
         # SECURITY: a client that never finishes its head must not hold a socket and a task forever.
         logger.info("cut off a connection that sent no complete request head within %gs", self.head_timeout)
@@ -257,26 +257,11 @@ def _raw_408() -> bytes:
 _RAW_408: Final = _raw_408()
 
 
-class _Server(web.Server):
-    head_timeout: float = 10.0
-
-    def __call__(self) -> RequestHandler:
-        connection = _Connection(self, loop=self._loop, **self._kwargs)
-        connection.head_timeout = self.head_timeout
-        return connection
-
-
-class JsonErrorRunner(web.AppRunner):
+class JsonErrorRunner(HandlerRunner):
     """``web.AppRunner`` whose connections bound the head read and answer parser rejections as JSON."""
 
     def __init__(self, app: web.Application, *, head_timeout: float, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self._head_timeout = head_timeout
+        def configure(connection: ConnectionHandler) -> None:
+            cast(_Connection, connection).head_timeout = head_timeout
 
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        # The Server is built by Application._make_handler; swapping its class only changes which
-        # RequestHandler it creates per connection.
-        server.__class__ = _Server
-        cast(_Server, server).head_timeout = self._head_timeout
-        return server
+        super().__init__(app, handler_class=_Connection, configure=configure, **kwargs)

@@ -1,8 +1,11 @@
-"""The house rules that code can check: imports run one way, and only the edges import aiohttp.web."""
+"""The house rules that code can check: imports run one way, only the edges import aiohttp.web, and a
+dependency's private names are reached only in ``sidecar/seams``."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sidecar"
@@ -15,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "sidecar"
 # servers, the relay, the REST facade, the internal API) sits on all of them.
 LAYERS = {
     "sidecar.errors": 0,
+    "sidecar.seams": 0,
     "sidecar.paths": 0,
     "sidecar.names": 0,
     "sidecar.tuning": 0,
@@ -83,6 +87,19 @@ def test_imports_run_one_way() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_the_design_pages_layer_line_is_the_one_enforced() -> None:
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    block = text.split("```", 2)[1]
+    line = " ".join(block.split())
+    written = [{name.strip() for name in group.strip(" {}").split(",")} for group in line.split("→")]
+    by_layer: dict[int, set[str]] = {}
+    for module, layer in LAYERS.items():
+        if module.count(".") == 1:
+            by_layer.setdefault(layer, set()).add(module.removeprefix("sidecar."))
+    by_layer.pop(14, None)  # __main__, only the entry point
+    assert written == [by_layer[layer] for layer in sorted(by_layer, reverse=True)]
+
+
 def _all_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names: set[str] = set()
@@ -119,3 +136,100 @@ def test_no_daemon_code_relies_on_an_assert() -> None:
         if isinstance(node, ast.Assert)
     ]
     assert not found, "raise instead of asserting (stripped under -OO): " + ", ".join(found)
+
+
+# --- private names of dependencies ---------------------------------------------------------------------
+
+SEAMS = PACKAGE / "seams"
+
+
+def _outside_seams() -> list[Path]:
+    return [path for path in sorted(PACKAGE.rglob("*.py")) if SEAMS not in path.parents]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _our_private_names() -> set[str]:
+    """Every private name sidecar itself defines: functions, classes, attributes, module and class names."""
+    ours: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                ours.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                ours.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                ours.add(node.id)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _private(node.value):
+                ours.add(node.value)  # __slots__ entries, dataclass field names given as text
+    return {name for name in ours if _private(name)}
+
+
+def test_a_dependencys_private_names_are_reached_only_in_the_seams() -> None:
+    ours = _our_private_names()
+    problems = []
+    for path in _outside_seams():
+        where = path.relative_to(PACKAGE.parent)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.split(".")[0] == "sidecar":
+                    continue
+                if any(_private(part) for part in node.module.split(".")):
+                    problems.append(f"{where}:{node.lineno} imports the private module {node.module}")
+                problems.extend(
+                    f"{where}:{node.lineno} imports {node.module}.{alias.name}"
+                    for alias in node.names
+                    if _private(alias.name)
+                )
+            elif isinstance(node, ast.Import):
+                problems.extend(
+                    f"{where}:{node.lineno} imports the private module {alias.name}"
+                    for alias in node.names
+                    if any(_private(part) for part in alias.name.split("."))
+                )
+            elif isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in ours:
+                problems.append(f"{where}:{node.lineno} reaches {ast.unparse(node)}, which sidecar does not define")
+            elif isinstance(node, ast.Call) and ast.unparse(node.func) in ("getattr", "setattr", "hasattr"):
+                named = node.args[1] if len(node.args) > 1 else None
+                text = named.value if isinstance(named, ast.Constant) and isinstance(named.value, str) else ""
+                if _private(text) and text not in ours:
+                    problems.append(f"{where}:{node.lineno} reaches {text!r} by name")
+    assert not problems, "use or extend sidecar/seams instead:\n" + "\n".join(problems)
+
+
+def _classes_outside_seams() -> list[tuple[str, type]]:
+    found = []
+    for path in _outside_seams():
+        if path.name == "__main__.py":
+            continue  # importing it runs the CLI
+        module = importlib.import_module(_module(path))
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and isinstance(cls := getattr(module, node.name, None), type):
+                found.append((f"{path.relative_to(PACKAGE.parent)}:{node.lineno}", cls))
+    return found
+
+
+def test_no_class_overrides_or_reads_a_private_member_of_a_dependencys_class() -> None:
+    problems = []
+    for where, cls in _classes_outside_seams():
+        theirs = [base for base in cls.__mro__[1:] if not base.__module__.startswith("sidecar") and base is not object]
+        if not theirs:
+            continue
+        source = ast.parse(inspect.getsource(cls))
+        used = {
+            node.attr
+            for node in ast.walk(source)
+            if isinstance(node, ast.Attribute) and _private(node.attr) and ast.unparse(node.value) in ("self", "cls")
+        }
+        defined = {
+            node.name
+            for node in ast.walk(source)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _private(node.name)
+        }
+        for name in sorted(used | defined):
+            owner = next((base for base in theirs if name in vars(base)), None)
+            if owner is not None:
+                problems.append(f"{where} {cls.__name__} reaches {owner.__module__}.{owner.__qualname__}.{name}")
+    assert not problems, "use or extend sidecar/seams instead:\n" + "\n".join(problems)

@@ -8,8 +8,8 @@ result, so none of that pays: the request goes out as a dict through the session
 checked once, cheaply, for the shape the bus relies on (``tool_result``). Its blocks reach the client
 as the connector sent them; the edge's own serialization still checks them against the era's schema.
 
-The session's stamp and dispatcher have no public accessor in the SDK (``mcp`` 2.3);
-``tests/unit/test_rawcall_sdk_seam.py`` pins this seam.
+The session's stamp and dispatcher have no public accessor in the SDK (``mcp`` 2.3): they are reached
+through ``sidecar.seams.sdk_client``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sidecar.bus.registry import Progress, ToolOutput
 from sidecar.connectors.lane import RawLane
 from sidecar.connectors.progress import in_order
 from sidecar.errors import ToolError
+from sidecar.seams.sdk_client import client_dispatcher, stamp_request
 
 __all__ = ["call_tool_raw", "tool_result"]
 
@@ -45,13 +46,13 @@ async def call_tool_raw(
     """
     data: dict[str, Any] = {"method": "tools/call", "params": {"name": name, "arguments": dict(arguments)}}
     opts: CallOptions = {}
-    client._stamp(data, opts)  # the era's headers and _meta, exactly as call_tool stamps them
+    stamp_request(client, data, opts)  # the era's headers and _meta, exactly as call_tool stamps them
     if lane is not None:
         # stdio: the stamp's headers have no wire
         return await lane.request("tools/call", data["params"], on_progress=on_progress)
     if on_progress is not None:
         opts["on_progress"] = cast(ProgressFnT, on_progress)  # the SDK calls it positionally
-    dispatcher = client._dispatcher
+    dispatcher = client_dispatcher(client)
     return await in_order(lambda options: dispatcher.send_raw_request("tools/call", data["params"], options), opts)
 
 

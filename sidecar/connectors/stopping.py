@@ -10,7 +10,7 @@ import signal
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["STOP_POLL", "close_stdin", "close_subprocess_transport", "describe_exit", "until"]
+__all__ = ["STOP_POLL", "close_stdin", "describe_exit", "until"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,15 +59,3 @@ def close_stdin(proc: asyncio.subprocess.Process, *, graceful: bool = False) -> 
             proc.stdin.close()
         else:
             proc.stdin.transport.abort()
-
-
-def close_subprocess_transport(proc: asyncio.subprocess.Process) -> None:
-    """Close asyncio's subprocess transport, which otherwise stays open while a survivor holds a pipe.
-
-    Nothing public exposes it (the SDK's stdio client does the same attribute walk).
-    """
-    transport = getattr(proc, "_transport", None)
-    close = getattr(transport, "close", None)
-    if callable(close):
-        with contextlib.suppress(PermissionError):
-            close()

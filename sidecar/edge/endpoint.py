@@ -26,10 +26,11 @@ from sidecar.auth.routes import route_key
 from sidecar.auth.sessions import session_key
 from sidecar.config import Settings
 from sidecar.edge.asgi import AsgiExchange, DisconnectWatcher
-from sidecar.edge.jsonanswer import JSON_ANSWER, JsonAnsweringManager, QuietCall, is_modern
+from sidecar.edge.jsonanswer import QuietCall
 from sidecar.edge.mcp import CALLER, ChangeHub
 from sidecar.errors import UnsupportedMediaType
 from sidecar.net.body import read_jsonrpc
+from sidecar.seams.sdk_streamable import JSON_ANSWER, JsonAnsweringManager, is_modern
 
 __all__ = ["McpEndpoint"]
 

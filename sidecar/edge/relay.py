@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from mcp import types
 from mcp.server import Server, ServerRequestContext
@@ -53,6 +53,7 @@ from sidecar.connectors.upstream import Sink, Upstream
 from sidecar.edge.mcp import CALLER, elicitation_asker, principal_of
 from sidecar.errors import SidecarError, ToolError
 from sidecar.names import connector_of_route, connector_tool
+from sidecar.seams.sdk_server import request_channels
 
 __all__ = ["Relay"]
 
@@ -261,13 +262,9 @@ def _connector_id(route: str) -> str:
 
 
 def _channels(ctx: ServerRequestContext[Any, Any]) -> tuple[Sink, Connection]:
-    """The exchange's raw request-scoped channel and the MCP connection behind ``ctx.session``.
-
-    The SDK keeps both inside ``ServerSession`` without a public accessor yet (its context rework is
-    marked provisional); a relay needs them raw. ``tests/unit/test_relay_sdk_seam.py`` pins this seam.
-    """
-    session = ctx.session
-    return session._request_outbound, session._connection
+    """The exchange's raw request-scoped channel and the MCP connection behind ``ctx.session``."""
+    channel, connection = request_channels(ctx)
+    return cast(Sink, channel), connection
 
 
 def _connection_state(ctx: ServerRequestContext[Any, Any]) -> dict[str, Any]:
