@@ -15,7 +15,6 @@ for that connector's scope while its tools are in the pool.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import tempfile
@@ -79,11 +78,11 @@ async def _raw_call(
 ) -> dict[str, Any]:
     """``tools/call`` raw on the connector's own client session (or its raw lane); a shared process's
     session view tracks it as its session's (aborted when that session ends), since the raw call reaches
-    past the view."""
+    past the view. Bounded by ``CALL_TIMEOUT`` (``TimeoutError``)."""
     if isinstance(client, SessionView):
-        request = call_tool_raw(client.client, tool, arguments, on_progress=relay, lane=lane)
+        request = call_tool_raw(client.client, tool, arguments, within=CALL_TIMEOUT, on_progress=relay, lane=lane)
         return cast(dict[str, Any], await client.track(request))
-    return await call_tool_raw(client, tool, arguments, on_progress=relay, lane=lane)
+    return await call_tool_raw(client, tool, arguments, within=CALL_TIMEOUT, on_progress=relay, lane=lane)
 
 
 def billing_source(spec: ConnectorSpec) -> ManifestSource | None:
@@ -283,19 +282,10 @@ class ConnectorTools:
 
             relay = context.progress  # None unless the client asked for progress
 
-            lane = self._pool.lane(client)
             try:
                 # Raw: the result is forwarded, so the typed client's models and output-schema check
                 # do not pay (connectors/rawcall.py).
-                if lane is not None and not isinstance(client, SessionView):
-                    # The lane writes its cancel without awaiting: no task of its own is needed.
-                    async with asyncio.timeout(CALL_TIMEOUT):
-                        result = await call_tool_raw(client, tool, arguments, on_progress=relay, lane=lane)
-                else:
-                    # wait_for's task of its own is needed here: the SDK server cancels a handler again at
-                    # every checkpoint (anyio scopes), and only a separate task lets the client session's
-                    # courtesy notifications/cancelled reach the connector (tests: a client cancel reaches it).
-                    result = await asyncio.wait_for(_raw_call(client, tool, arguments, relay, lane), CALL_TIMEOUT)
+                result = await _raw_call(client, tool, arguments, relay, self._pool.lane(client))
             except TimeoutError:
                 raise ToolError(f"{tool} took longer than {CALL_TIMEOUT:.0f}s") from None
             except MCPError as exc:

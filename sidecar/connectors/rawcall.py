@@ -14,11 +14,12 @@ through ``sidecar.seams.sdk_client``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any, cast
 
 from mcp import ClientSession
-from mcp.shared.dispatcher import CallOptions, ProgressFnT
+from mcp.shared.dispatcher import CallOptions, Dispatcher, ProgressFnT
 
 from sidecar.bus.registry import Progress, ToolOutput
 from sidecar.connectors.lane import RawLane
@@ -26,9 +27,42 @@ from sidecar.connectors.progress import in_order
 from sidecar.errors import ToolError
 from sidecar.seams.sdk_client import client_dispatcher, stamp_request
 
-__all__ = ["call_tool_raw", "tool_result"]
+__all__ = ["call_tool_raw", "send_to_connector", "tool_result"]
 
 NOT_A_RESULT = "the connector answered with something other than a tool result"
+
+
+async def send_to_connector(
+    method: str,
+    params: Mapping[str, Any] | None,
+    *,
+    dispatcher: Dispatcher[Any],
+    lane: RawLane | None,
+    options: CallOptions,
+    within: float,
+) -> dict[str, Any]:
+    """The one way a request of ours reaches a connector: the bus's calls, the relay's, an HTTP connector's.
+
+    A stdio connector's ``tools/call`` (``lane`` given) goes straight onto its stdin (``lane.RawLane``),
+    whose cancel is written without awaiting, so it needs no task of its own; anything else goes through
+    the session's dispatcher in a task of its own (``wait_for``): the SDK server cancels a handler again at
+    every checkpoint (anyio scopes), and only a separate task lets the dispatcher's
+    ``notifications/cancelled`` reach the connector when the caller gives up. Either way the answer waits
+    for the request's progress to be relayed first (``progress.in_order``). ``TimeoutError`` after
+    ``within`` seconds (the connector is told); ``MCPError`` for the connector's error or a lost connection.
+    """
+    on_progress = options.get("on_progress")
+    if lane is not None and method == "tools/call":
+        async with asyncio.timeout(within):
+            return await lane.request(
+                method,
+                params or {},
+                request_id=cast(str | None, options.get("request_id")),
+                on_progress=cast(Progress | None, on_progress),
+            )
+    return await in_order(
+        lambda opts: asyncio.wait_for(dispatcher.send_raw_request(method, params, opts), within), options
+    )
 
 
 async def call_tool_raw(
@@ -36,24 +70,23 @@ async def call_tool_raw(
     name: str,
     arguments: Mapping[str, Any],
     *,
+    within: float,
     on_progress: Progress | None = None,
     lane: RawLane | None = None,
 ) -> dict[str, Any]:
-    """Send ``tools/call`` and return the connector's result as it came (a dict); ``MCPError`` as ``call_tool``.
+    """Send ``tools/call`` on a client session and return the connector's result as it came (a dict).
 
-    With a ``lane`` (a stdio connector) the request goes straight onto the connector's stdin
-    (``lane.RawLane``) instead of through the session's dispatcher, its progress relayed by the lane.
+    Stamped with the era's headers and ``_meta`` exactly as ``call_tool`` stamps them (the headers have
+    no wire on a stdio lane), then sent by ``send_to_connector``.
     """
     data: dict[str, Any] = {"method": "tools/call", "params": {"name": name, "arguments": dict(arguments)}}
     opts: CallOptions = {}
-    stamp_request(client, data, opts)  # the era's headers and _meta, exactly as call_tool stamps them
-    if lane is not None:
-        # stdio: the stamp's headers have no wire
-        return await lane.request("tools/call", data["params"], on_progress=on_progress)
+    stamp_request(client, data, opts)
     if on_progress is not None:
         opts["on_progress"] = cast(ProgressFnT, on_progress)  # the SDK calls it positionally
-    dispatcher = client_dispatcher(client)
-    return await in_order(lambda options: dispatcher.send_raw_request("tools/call", data["params"], options), opts)
+    return await send_to_connector(
+        "tools/call", data["params"], dispatcher=client_dispatcher(client), lane=lane, options=opts, within=within
+    )
 
 
 def tool_result(raw: Mapping[str, Any]) -> ToolOutput:

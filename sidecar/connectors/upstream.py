@@ -43,7 +43,7 @@ from sidecar.connectors.launch import (
 )
 from sidecar.connectors.manifests import ConnectorSpec
 from sidecar.connectors.process import ConnectorProcess, ProcessLimits
-from sidecar.connectors.progress import in_order
+from sidecar.connectors.rawcall import send_to_connector
 from sidecar.errors import ToolError, find_error
 from sidecar.text import preview
 
@@ -155,19 +155,13 @@ class Upstream:
             self._requests[ours] = origin
         self._in_flight += 1
         try:
-            lane = self._process.lane if self._process is not None else None
-            if lane is not None and method == "tools/call":
-                # Straight onto stdin (lane.RawLane), whose cancel is written without awaiting: no task.
-                async with asyncio.timeout(bound):
-                    return await lane.request(
-                        method, params or {}, request_id=ours, on_progress=options.get("on_progress")
-                    )
-            # A task of its own (wait_for): the SDK server cancels a handler again at every checkpoint
-            # (anyio scopes), and only a separate task lets the dispatcher's notifications/cancelled
-            # reach the connector when the client cancels.
-            return await in_order(
-                lambda opts: asyncio.wait_for(dispatcher.send_raw_request(method, params, opts), bound),
-                options,
+            return await send_to_connector(
+                method,
+                params,
+                dispatcher=dispatcher,
+                lane=self._process.lane if self._process is not None else None,
+                options=options,
+                within=bound,
             )
         except TimeoutError:
             raise MCPError(code=REQUEST_TIMEOUT, message=f"{method} took longer than {bound:.0f}s") from None

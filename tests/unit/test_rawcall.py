@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from functools import partial
 from typing import Any
 
 import pytest
 from mcp import ClientSession
 
-from sidecar.connectors.rawcall import NOT_A_RESULT, call_tool_raw, tool_result
+from sidecar.connectors.rawcall import NOT_A_RESULT, call_tool_raw, send_to_connector, tool_result
 from sidecar.errors import ToolError
 
 
@@ -46,7 +48,7 @@ async def test_the_call_goes_out_raw_through_the_sessions_own_dispatcher() -> No
     async def progress(progress: float, total: float | None, message: str | None) -> None:
         reported.append((progress, total, message))
 
-    got = await call_tool_raw(client, "echo", {"text": "hi"}, on_progress=progress)
+    got = await call_tool_raw(client, "echo", {"text": "hi"}, within=10, on_progress=progress)
     assert got is answer  # not re-typed: the connector's own dict, unknown fields and all
     [(method, params, opts)] = dispatcher.sent
     assert method == "tools/call"
@@ -88,3 +90,39 @@ def test_a_result_keeps_its_blocks_and_joins_their_text() -> None:
 def test_anything_but_a_tool_result_is_a_tool_error(raw: dict[str, Any]) -> None:
     with pytest.raises(ToolError, match=NOT_A_RESULT):
         tool_result(raw)
+
+
+class _Lane:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any, Any]] = []
+
+    async def request(self, method: str, params: Any, *, request_id: Any = None, on_progress: Any = None) -> Any:
+        self.sent.append((method, params, request_id))
+        return {"via": "lane"}
+
+
+async def test_one_function_sends_every_request_a_tools_call_on_the_lane_the_rest_through_the_dispatcher() -> None:
+    lane, dispatcher = _Lane(), _Dispatcher({"via": "dispatcher"})
+    send = partial(send_to_connector, dispatcher=dispatcher, lane=lane, within=10)
+    assert await send("tools/call", {"name": "x"}, options={"request_id": "sidecar-1"}) == {"via": "lane"}
+    assert await send("tools/list", None, options={}) == {"via": "dispatcher"}
+    assert lane.sent == [("tools/call", {"name": "x"}, "sidecar-1")]
+    assert [(method, params) for method, params, _ in dispatcher.sent] == [("tools/list", None)]
+    # Without a lane (an HTTP connector), a tools/call goes through the dispatcher too.
+    assert await send_to_connector(
+        "tools/call", {"name": "x"}, dispatcher=dispatcher, lane=None, options={}, within=10
+    ) == {"via": "dispatcher"}
+
+
+async def test_a_request_past_its_bound_is_a_timeout_on_either_path() -> None:
+    class Stuck:
+        async def request(self, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.Event().wait()
+
+        async def send_raw_request(self, *args: Any) -> Any:
+            await asyncio.Event().wait()
+
+    stuck = Stuck()
+    for method, lane in (("tools/call", stuck), ("tools/list", None)):
+        with pytest.raises(TimeoutError):
+            await send_to_connector(method, {}, dispatcher=stuck, lane=lane, options={}, within=0.01)  # type: ignore[arg-type]
