@@ -102,6 +102,15 @@ class _Slot:
     """Whose it is now: (session, connector); a spare's changes when a session takes it."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """What a holder starts: the connector, its plan for this process, and who waits for its session."""
+
+    spec: ConnectorSpec
+    plan: LaunchPlan
+    ready: asyncio.Future[ClientSession]
+
+
 ChangeCallback = Callable[[str, str], None]
 """(session id, connector id): the connector's availability in that session changed."""
 
@@ -236,7 +245,9 @@ class ConnectorPool:
         """Start ``slot``'s holder and wait (bounded) until its process has answered ``initialize``."""
         ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         slot.stop = asyncio.Event()
-        slot.holder = asyncio.create_task(self._hold(slot.key, spec, plan(), slot, ready), name=f"connector-{spec.id}")
+        start = _Start(spec, plan(), ready)
+        holder = self._hold_http(slot, start) if start.plan.url is not None else self._hold(slot, start)
+        slot.holder = asyncio.create_task(holder, name=f"connector-{spec.id}")
         self._ensure_reaper()
         try:
             return await asyncio.wait_for(asyncio.shield(ready), self._limits.start_timeout + 5)
@@ -288,18 +299,9 @@ class ConnectorPool:
         if self._count(None) >= self._limits.total:
             raise ToolError(f"sidecar already runs {self._limits.total} connector processes")
 
-    async def _hold(
-        self,
-        key: tuple[str, str],
-        spec: ConnectorSpec,
-        plan: LaunchPlan,
-        slot: _Slot,
-        ready: asyncio.Future[ClientSession],
-    ) -> None:
+    async def _hold(self, slot: _Slot, start: _Start) -> None:
         """Own one process and its client session until stopped or crashed."""
-        if plan.url is not None:
-            await self._hold_http(key, spec, plan, slot, ready)
-            return
+        spec, plan, ready = start.spec, start.plan, start.ready
         process = ConnectorProcess(plan.argv, env=plan.env, cwd=plan.cwd, limits=self._process_limits, name=spec.id)
         slot.process = process
         crashed = False
@@ -330,7 +332,7 @@ class ConnectorPool:
             if not ready.done():
                 ready.set_exception(ToolError(f"connector {spec.id} failed to start: {reason}"))
             if not (crashed or process.failed):  # a failure is logged once, with its stderr, just below
-                logger.warning("connector %s (session %s) failed while stopping: %s", spec.id, key[0], reason)
+                logger.warning("connector %s (session %s) failed while stopping: %s", spec.id, slot.key[0], reason)
         finally:
             slot.client = None
             slot.process = None
@@ -355,15 +357,9 @@ class ConnectorPool:
         elif crashed:
             self._crashed(key, slot, process.exit_reason or "exited")
 
-    async def _hold_http(
-        self,
-        key: tuple[str, str],
-        spec: ConnectorSpec,
-        plan: LaunchPlan,
-        slot: _Slot,
-        ready: asyncio.Future[ClientSession],
-    ) -> None:
+    async def _hold_http(self, slot: _Slot, start: _Start) -> None:
         """A Streamable HTTP connector: one MCP session per sidecar session, no process to supervise."""
+        spec, plan, ready = start.spec, start.plan, start.ready
         auth = self._http_auth.auth_for(spec.id) if self._http_auth is not None else None
         try:
             async with http_transport(plan, auth=auth) as (read, write), ClientSession(read, write) as session:
@@ -378,7 +374,7 @@ class ConnectorPool:
                 reason = str(refused)
             if not ready.done():
                 ready.set_exception(refused or ToolError(f"connector {spec.id} is not reachable: {reason}"))
-            logger.warning("connector %s (session %s) failed: %s", spec.id, key[0], reason)
+            logger.warning("connector %s (session %s) failed: %s", spec.id, slot.key[0], reason)
         finally:
             slot.client = None
             if not ready.done():

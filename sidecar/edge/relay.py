@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 from mcp import types
 from mcp.server import Server, ServerRequestContext
@@ -131,7 +131,7 @@ class Relay:
         upstream = await self._upstream(ctx, session, connector)
         channel, _ = _channels(ctx)
         with upstream.serving(channel):
-            return await self._forward(ctx, session, connector, upstream, channel)
+            return await self._forward(_Exchange(ctx, session, connector, upstream, channel))
 
     def _trusted(self, connector_id: str) -> Connector:
         try:
@@ -179,18 +179,12 @@ class Relay:
 
     # -- forwarding --------------------------------------------------------------------------------
 
-    async def _forward(
-        self,
-        ctx: ServerRequestContext[Any, Any],
-        session: Session,
-        connector: Connector,
-        upstream: Upstream,
-        channel: Sink,
-    ) -> dict[str, Any]:
+    async def _forward(self, exchange: _Exchange) -> dict[str, Any]:
+        ctx, session, connector, upstream, channel = exchange
         method, params = ctx.method, ctx.params
         opts = _call_options(ctx)
         if method == "tools/call":
-            return await self._call_tool(ctx, session, connector, upstream, channel, opts)
+            return await self._call_tool(exchange, opts)
         if method not in _UNGATED and not grants_connector(session, connector.id, needs_network=connector.spec.network):
             raise MCPError(code=INVALID_REQUEST, message=f"this session's grant does not include {connector.id}")
         result = await upstream.request(method, params, opts, origin=_origin(ctx, channel))
@@ -209,15 +203,8 @@ class Relay:
         ]
         return {**result, "tools": kept}
 
-    async def _call_tool(
-        self,
-        ctx: ServerRequestContext[Any, Any],
-        session: Session,
-        connector: Connector,
-        upstream: Upstream,
-        channel: Sink,
-        opts: CallOptions,
-    ) -> dict[str, Any]:
+    async def _call_tool(self, exchange: _Exchange, opts: CallOptions) -> dict[str, Any]:
+        ctx, session, connector, upstream, channel = exchange
         params = dict(ctx.params or {})
         name = params.get("name")
         if not isinstance(name, str):
@@ -251,6 +238,16 @@ class Relay:
         if outcome.raw is not None:
             return dict(outcome.raw)
         return _error_result(ctx, outcome.text)
+
+
+class _Exchange(NamedTuple):
+    """One request the relay forwards: its context, whose it is, to which connection, back on which channel."""
+
+    ctx: ServerRequestContext[Any, Any]
+    session: Session
+    connector: Connector
+    upstream: Upstream
+    channel: Sink
 
 
 def _origin(ctx: ServerRequestContext[Any, Any], channel: Sink) -> tuple[Sink, RequestId] | None:
