@@ -318,6 +318,18 @@ def sidecar_env(home: Path) -> dict[str, str]:
     return env
 
 
+async def cli_output(home: Path, *args: str) -> str:
+    """``python -m sidecar ARGS`` against the daemon of ``home`` (in-process too: the loop is not blocked);
+    its standard output, once it exited 0."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "sidecar", *args, env=sidecar_env(home), stdout=asyncio.subprocess.PIPE
+    )
+    async with asyncio.timeout(START_TIMEOUT):
+        out, _ = await proc.communicate()
+    assert proc.returncode == 0, out
+    return out.decode()
+
+
 def start_daemon_process(home: Path, *extra: str) -> DaemonProcess:
     """``python -OO -m sidecar serve --port 0`` (``serve_argv``) as a real subprocess; returns once runtime.json exists.
 

@@ -185,6 +185,7 @@ async def test_a_non_json_stdout_line_is_skipped_and_the_session_goes_on() -> No
         "import runpy, sys\n"
         "print('this is not JSON-RPC', flush=True)\n"
         f"sys.argv = [{str(FIXTURES / 'echo_server.py')!r}]\n"
+        f"sys.path.insert(0, {str(FIXTURES)!r})\n"  # as for the script itself: its folder first
         f"runpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
     process = ConnectorProcess([sys.executable, "-c", script], env=BASE_ENV, cwd=None, name="noisy")

@@ -9,7 +9,6 @@ makes every tool of its connector ask; ``connectors show`` says which tools cost
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import sys
@@ -19,7 +18,7 @@ from typing import Any, Final
 import pytest
 from mcp import types
 
-from tests.conftest import Daemon, mcp_client, sidecar_env
+from tests.conftest import Daemon, cli_output, mcp_client
 from tests.helpers import ECHO_SERVER, python_server, rest, tool_text, trust
 
 pytestmark = pytest.mark.slow  # the connectors run as processes
@@ -98,17 +97,6 @@ async def _relayed(session: dict[str, Any], tool: str, arguments: dict[str, Any]
     return found
 
 
-async def _cli(home: Path, *args: str) -> str:
-    """``python -m sidecar ARGS`` against the in-process daemon, without blocking its event loop."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar", *args, env=sidecar_env(home), stdout=asyncio.subprocess.PIPE
-    )
-    async with asyncio.timeout(BOUND):
-        out, _ = await proc.communicate()
-    assert proc.returncode == 0
-    return out.decode()
-
-
 async def test_a_remembered_group_covers_its_own_connector_not_another_of_the_same_name(daemon: Daemon) -> None:
     _plugin(daemon)
     _package(daemon)
@@ -163,7 +151,7 @@ async def test_a_plugins_billable_tools_ask_in_every_mode_on_every_path(daemon: 
 
     shown = await daemon.control("GET", "/control/connectors/studio-echo")
     assert shown["billable"] == MANIFEST["tools"] and shown["billing_problem"] is None
-    text = await _cli(home, "connectors", "show", "studio-echo")
+    text = await cli_output(home, "connectors", "show", "studio-echo")
     assert "echo (image-generation, group images)" in text and "env_keys (video-generation, group video)" in text
 
 
@@ -206,4 +194,4 @@ async def test_a_broken_manifest_makes_every_tool_of_its_connector_ask(daemon: D
     shown = await daemon.control("GET", "/control/connectors/studio-echo")
     assert shown["billable"] == {} and shown["billing_problem"].startswith("every tool asks: ")
     assert "high-credit-tools.json" in shown["billing_problem"]
-    assert "billing_problem every tool asks" in await _cli(home, "connectors", "show", "studio-echo")
+    assert "billing_problem every tool asks" in await cli_output(home, "connectors", "show", "studio-echo")

@@ -11,29 +11,17 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
 
-from tests.conftest import Daemon, mcp_client, sidecar_env
+from tests.conftest import Daemon, cli_output, mcp_client
 from tests.helpers import ECHO_SERVER, FIXTURES, python_server, tool_text, trust, wait_until, write_user_servers
 
 pytestmark = pytest.mark.slow  # connectors run as processes, the CLI as a process
 
 BOUND: Final = 30.0
-
-
-async def _cli(home: Path, *args: str) -> str:
-    """``python -m sidecar ARGS`` against the in-process daemon, without blocking its event loop."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar", *args, env=sidecar_env(home), stdout=asyncio.subprocess.PIPE
-    )
-    async with asyncio.timeout(BOUND):
-        out, _ = await proc.communicate()
-    assert proc.returncode == 0
-    return out.decode()
 
 
 async def _everywhere(daemon: Daemon, home: Path, connector: str) -> tuple[str, int]:
@@ -45,7 +33,9 @@ async def _everywhere(daemon: Daemon, home: Path, connector: str) -> tuple[str, 
     assert len(facts) == 1, facts
     state, sessions = facts.pop()
     cli_list, cli_show, cli_status = await asyncio.gather(
-        _cli(home, "connectors", "list"), _cli(home, "connectors", "show", connector), _cli(home, "status")
+        cli_output(home, "connectors", "list"),
+        cli_output(home, "connectors", "show", connector),
+        cli_output(home, "status"),
     )
     row = next(line for line in cli_list.splitlines() if line.startswith(connector + " "))
     assert row.split()[1:3] == [state, str(sessions)], row
@@ -163,5 +153,5 @@ async def test_a_connector_that_would_not_start_stays_in_error_with_its_reason_u
     assert await _everywhere(daemon, home, "dying") == ("error", 0)
     again = await daemon.control("POST", "/control/connectors/dying/trust")
     assert (again["state"], again["error"]) == ("trusted", None)
-    listed = json.loads(await _cli(home, "connectors", "list", "--json"))["connectors"]
+    listed = json.loads(await cli_output(home, "connectors", "list", "--json"))["connectors"]
     assert {c["id"]: c["state"] for c in listed}["dying"] == "trusted"

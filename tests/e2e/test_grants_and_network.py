@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -20,7 +19,7 @@ import pytest
 
 from sidecar.config import SessionSettings, Settings, ToolSettings
 from sidecar.paths import Paths
-from tests.conftest import Daemon, mcp_client, running_daemon, sidecar_env
+from tests.conftest import Daemon, cli_output, mcp_client, running_daemon
 from tests.helpers import (
     ECHO_SERVER,
     FIXTURES,
@@ -141,29 +140,18 @@ async def test_a_session_without_a_grant_never_sees_or_runs_a_connector_even_one
         assert await _calls(everything, era, "mcp__zephyr__echo") == ["hi", "hi"], era
 
 
-async def _cli(home: Path, *args: str) -> str:
-    """``python -m sidecar ARGS`` against the in-process daemon, without blocking its event loop."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sidecar", *args, env=sidecar_env(home), stdout=asyncio.subprocess.PIPE
-    )
-    async with asyncio.timeout(30):
-        out, _ = await proc.communicate()
-    assert proc.returncode == 0
-    return out.decode()
-
-
 async def test_session_new_without_allow_grants_the_built_ins_only_and_its_help_says_so(
     daemon: Daemon, home: Path
 ) -> None:
     write_user_servers(daemon, {"zephyr": python_server(ECHO_SERVER)})
     await trust(daemon, "zephyr")
     raw, connector, helped = await asyncio.gather(
-        _cli(home, "session", "new", "--workspace", str(daemon.workspace), "--mode", "bypass"),
-        _cli(home, "session", "new", "--workspace", str(daemon.workspace), "--connector", "zephyr"),
-        _cli(home, "session", "new", "--help"),
+        cli_output(home, "session", "new", "--workspace", str(daemon.workspace), "--mode", "bypass"),
+        cli_output(home, "session", "new", "--workspace", str(daemon.workspace), "--connector", "zephyr"),
+        cli_output(home, "session", "new", "--help"),
     )
     created = json.loads(raw)
-    granted = {s["session_id"]: s["allow"] for s in json.loads(await _cli(home, "session", "list", "--json"))}
+    granted = {s["session_id"]: s["allow"] for s in json.loads(await cli_output(home, "session", "list", "--json"))}
     assert granted[created["session_id"]] == ["builtin:*"]
     assert granted[json.loads(connector)["session_id"]] == ["mcp__zephyr__*"]
     assert await _calls(created, "legacy", "mcp__zephyr__echo") == [NOT_AVAILABLE, NOT_AVAILABLE]
