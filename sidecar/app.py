@@ -79,10 +79,10 @@ from sidecar.bus.tools import ToolService
 from sidecar.config import Settings
 from sidecar.connectors.launch import LaunchContext
 from sidecar.connectors.manager import Connector, ConnectorManager
+from sidecar.connectors.manifest.watch import ConfigWatcher
 from sidecar.connectors.pool import PoolLimits
 from sidecar.connectors.proxy import Deferral
 from sidecar.connectors.service import ConnectorService
-from sidecar.connectors.watch import ConfigWatcher
 from sidecar.console import add_console_routes, console_url, is_console_path
 from sidecar.control import add_control_routes
 from sidecar.edge.endpoint import McpEndpoint

@@ -14,7 +14,7 @@ SIGTERM (or ``POST /control/stop``) stop the daemon: routes are revoked (in-flig
 then the server closes, all within ``shutdown_timeout`` seconds.
 
 ``sidecar serve`` (``dedicated=True``) makes the daemon the child subreaper of its connectors' trees
-(``connectors.orphans``): whatever a connector double-forks is adopted, reaped, and killed with its
+(``connectors.stdio.orphans``): whatever a connector double-forks is adopted, reaped, and killed with its
 connector, and nothing it adopted outlives the stop. A process that merely hosts ``serve()`` (the test
 runner) is not made one: it has other children, whose orphans and exit statuses are not the daemon's.
 """
@@ -41,7 +41,7 @@ from sidecar.appkeys import Runtime
 from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import LOOPBACK_HOST, Settings
-from sidecar.connectors.orphans import ORPHANAGE
+from sidecar.connectors.stdio.orphans import ORPHANAGE
 from sidecar.errors import Conflict, StorageError
 from sidecar.http import JsonErrorRunner
 from sidecar.paths import Paths
@@ -178,7 +178,7 @@ async def serve(
         for directory in (paths.config, paths.data):
             _ensure_directory(directory)
         if dedicated:
-            # Before anything is spawned. Only here: a subreaper is process-wide (connectors.orphans).
+            # Before anything is spawned. Only here: a subreaper is process-wide (connectors.stdio.orphans).
             ORPHANAGE.activate()
         control_token = mint_token()
         runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))

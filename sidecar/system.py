@@ -302,7 +302,7 @@ class ProcessTree:
     group or session membership, which outlives the parent) and records every descendant as (pid, start
     time); ``kill`` later signals only those whose pair still matches. What a double fork hides between
     two scans (an orphan that called ``setsid``) is out of its reach unless this process is a subreaper
-    that adopted it and ``adopted`` says whose it is (``sidecar.connectors.orphans``), or a cgroup holds it.
+    that adopted it and ``adopted`` says whose it is (``sidecar.connectors.stdio.orphans``), or a cgroup holds it.
     """
 
     def __init__(

@@ -1,14 +1,15 @@
 """Connectors: MCP servers the daemon runs behind its one endpoint (contract §5).
 
-``manifests`` reads the three sources (packages, the user's ``mcp.json``, plugins) into one
-``ConnectorSpec`` shape (``spec``), validating each file as a pydantic model (``manifest_models``, whose
-values are the checked types of ``manifest_fields``); ``trustkey`` pins trust to a spec's launch config
-and package content.
+Its parts: ``manifest/`` (what a connector is declared as, and its trust key), ``stdio/`` (a stdio
+connector's process and its lane), ``sharing/`` (warm spares and shared processes), ``pool`` (every
+session's processes, supervised), ``relayed`` (the faithful relay's raw connections), ``proxy`` and
+``catalog`` (a connector's tools, resources and prompts in the bus), ``manager`` and ``service`` (trust
+state and the whole in step). The names below are the manifest's, re-exported.
 """
 
 from __future__ import annotations
 
-from sidecar.connectors.manifests import (
+from sidecar.connectors.manifest.sources import (
     ConnectorSpec,
     LaunchConfig,
     ManifestProblem,
@@ -17,7 +18,7 @@ from sidecar.connectors.manifests import (
     load_plugin,
     load_user_servers,
 )
-from sidecar.connectors.trustkey import canonical_launch, package_digest, trust_key
+from sidecar.connectors.manifest.trustkey import canonical_launch, package_digest, trust_key
 
 __all__ = [
     "ConnectorSpec",

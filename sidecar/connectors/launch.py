@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 import httpx2
 from mcp.client.streamable_http import streamable_http_client
 
-from sidecar.connectors.spec import ConnectorSpec
+from sidecar.connectors.manifest.spec import ConnectorSpec
 from sidecar.errors import ToolError
 
 __all__ = [

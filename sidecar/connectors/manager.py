@@ -10,12 +10,13 @@ The lifecycle's words (``ConnectorState``; README "Connector states"). A connect
 - ``configured``: written in a config (a package, ``mcp.json``, a plugin), not trusted: nothing runs;
 - ``trusted``: the user trusted it as it is now; a session's process starts on its first use;
 - ``changed``: trusted once, but its config or files changed since: it needs trust again;
-- ``unauthorized``: it needs sign-in (OAuth connectors; not built yet);
 - ``error``: with the reason: it would not start when trusted (it stays so until trusted again).
 
 Processes are per session, so ``connected`` and ``disconnected`` describe one session's use of a trusted
 connector: ``connected`` while its process is up (initialized, its tools known), ``disconnected`` while
-it has none (not started yet, ended, or crashed and restarting), ``error`` after a crash loop.
+it has none (not started yet, ended, or crashed and restarting), ``error`` after a crash loop. Whether an
+OAuth connector needs sign-in (``unauthorized``) is its sign-in state (``oauth.grant.SignIn``), shown
+beside this one: a trusted connector stays ``trusted`` while it waits for a sign-in.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.connectors.manifests import ConnectorSpec, ManifestProblem, discover, load_package
-from sidecar.connectors.trustkey import trust_key
+from sidecar.connectors.manifest.sources import ConnectorSpec, ManifestProblem, discover, load_package
+from sidecar.connectors.manifest.trustkey import trust_key
 from sidecar.errors import Conflict, NotFound, RequestRejected, SidecarError, ToolError
 from sidecar.oauth.declared import Provider
 from sidecar.store.files import ensure_private_dir
@@ -42,13 +43,12 @@ logger = logging.getLogger(__name__)
 
 
 class ConnectorState(enum.StrEnum):
-    """A connector's state (the first five), or a trusted connector's in one session (the last two and
+    """A connector's state (the first four), or a trusted connector's in one session (the last two and
     ``error``); see the module docstring."""
 
     CONFIGURED = "configured"
     TRUSTED = "trusted"
     CHANGED = "changed"
-    UNAUTHORIZED = "unauthorized"
     ERROR = "error"
     DISCONNECTED = "disconnected"
     CONNECTED = "connected"

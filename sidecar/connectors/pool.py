@@ -40,12 +40,12 @@ from typing import Final, cast
 from mcp import ClientSession
 
 from sidecar.connectors.failures import FailureLog
-from sidecar.connectors.lane import RawLane
 from sidecar.connectors.launch import START_TIMEOUT, HttpAuthSource, LaunchPlan, http_transport
-from sidecar.connectors.manifests import ConnectorSpec
-from sidecar.connectors.process import ConnectorProcess, ProcessLimits
-from sidecar.connectors.shared import SessionView
-from sidecar.connectors.spares import Spares
+from sidecar.connectors.manifest.sources import ConnectorSpec
+from sidecar.connectors.sharing.shared import SessionView
+from sidecar.connectors.sharing.spares import Spares
+from sidecar.connectors.stdio.lane import RawLane
+from sidecar.connectors.stdio.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import SidecarError, ToolError, find_error
 from sidecar.text import preview
 

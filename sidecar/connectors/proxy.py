@@ -30,13 +30,13 @@ from mcp.types import CONNECTION_CLOSED
 
 from sidecar.bus.billing import BillingGate, ManifestSource
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
-from sidecar.connectors.lane import RawLane
 from sidecar.connectors.launch import CALL_TIMEOUT, LaunchContext, LaunchPlan, launch_plan
 from sidecar.connectors.manager import Connector, ConnectorManager
-from sidecar.connectors.manifests import BILLING_FILE, ConnectorSpec
+from sidecar.connectors.manifest.sources import BILLING_FILE, ConnectorSpec
 from sidecar.connectors.pool import ConnectorPool
 from sidecar.connectors.rawcall import call_tool_raw, tool_result
-from sidecar.connectors.shared import SessionView
+from sidecar.connectors.sharing.shared import SessionView
+from sidecar.connectors.stdio.lane import RawLane
 from sidecar.errors import StorageError, ToolError
 from sidecar.names import MAX_TOOL_NAME, connector_route, connector_tool
 from sidecar.store.files import read_json, write_json

@@ -22,8 +22,8 @@ from mcp import ClientSession
 from mcp.shared.dispatcher import CallOptions, Dispatcher, ProgressFnT
 
 from sidecar.bus.registry import Progress, ToolOutput
-from sidecar.connectors.lane import RawLane
 from sidecar.connectors.progress import in_order
+from sidecar.connectors.stdio.lane import RawLane
 from sidecar.errors import ToolError
 from sidecar.seams.sdk_client import client_dispatcher, stamp_request
 

@@ -25,11 +25,11 @@ from sidecar.connectors.catalog import ConnectorCatalog
 from sidecar.connectors.failures import FailureLog
 from sidecar.connectors.launch import HttpAuthSource, LaunchContext
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
-from sidecar.connectors.manifests import ConnectorSpec
+from sidecar.connectors.manifest.sources import ConnectorSpec
 from sidecar.connectors.pool import ConnectorPool, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_source
+from sidecar.connectors.relayed import RelayedConnections
 from sidecar.connectors.snapshot import changes_since_trust, record_trusted
-from sidecar.connectors.upstream import Upstreams
 from sidecar.errors import SidecarError, ToolError
 from sidecar.names import connector_route
 from sidecar.store.trust import TrustStore
@@ -78,7 +78,7 @@ class ConnectorService:
             http_auth=http_auth,
             prepare=self._prepare,  # the tools are built below, with the pool
         )
-        self.upstreams = Upstreams(
+        self.relayed = RelayedConnections(
             context=context,
             start_timeout=limits.start_timeout,
             check_caps=self.pool.check_caps,
@@ -110,7 +110,7 @@ class ConnectorService:
 
     def running(self, connector_id: str | None = None) -> int:
         """Processes and relayed connections alive now, of one connector or of all."""
-        return self.pool.running(connector_id) + self.upstreams.running(connector_id)
+        return self.pool.running(connector_id) + self.relayed.running(connector_id)
 
     def connected(self, connector_id: str) -> set[str]:
         """The sessions that have the connector connected now: trusted, with a pool process or a relayed
@@ -118,7 +118,7 @@ class ConnectorService:
         (``running`` counts them until they have): no call reaches them any more."""
         if not self.manager.get(connector_id).trusted:
             return set()
-        return self.pool.connected(connector_id) | self.upstreams.connected(connector_id)
+        return self.pool.connected(connector_id) | self.relayed.connected(connector_id)
 
     def public(self, connector: Connector, *, detail: bool = False) -> dict[str, object]:
         """What the control API shows; in detail also ``billable`` (its tools that cost money, by its own
@@ -222,17 +222,17 @@ class ConnectorService:
     async def disconnect(self, connector_id: str) -> None:
         """Stop the connector's processes and connections in every session, aborting their calls; trust,
         tools and route stay (its credentials were revoked: the next call fails fast or starts afresh)."""
-        await self.upstreams.close_connector(connector_id)
+        await self.relayed.close_connector(connector_id)
         await self.pool.stop_connector(connector_id)
 
     def session_ended(self, session_id: str) -> None:
         self._background(self.pool.stop_session(session_id))
-        self._background(self.upstreams.close_session(session_id))
+        self._background(self.relayed.close_session(session_id))
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-        await self.upstreams.close()
+        await self.relayed.close()
         await self.pool.close()
 
     def _on_connector(self, connector: Connector, event: str) -> None:
@@ -249,7 +249,7 @@ class ConnectorService:
 
     async def _withdraw(self, connector_id: str) -> None:
         self._unmount(connector_id)
-        await self.upstreams.close_connector(connector_id)
+        await self.relayed.close_connector(connector_id)
         await self.pool.stop_connector(connector_id)
         self.tools.sync()
         self._notify(None)

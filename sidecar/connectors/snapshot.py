@@ -15,8 +15,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sidecar.connectors.manifests import ConnectorSpec
-from sidecar.connectors.trustkey import canonical_launch, package_digest
+from sidecar.connectors.manifest.sources import ConnectorSpec
+from sidecar.connectors.manifest.trustkey import canonical_launch, package_digest
 from sidecar.errors import ConfigError, StorageError
 from sidecar.store.files import read_json, write_json
 from sidecar.text import preview

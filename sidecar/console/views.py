@@ -19,7 +19,7 @@ from aiohttp import web
 from sidecar.appkeys import APPROVALS, AUDIT_CHAIN, CONNECTORS, HUB, PATHS, REGISTRY, SESSIONS, TRUST
 from sidecar.bus.registry import ToolRegistry
 from sidecar.connectors.manager import Connector
-from sidecar.connectors.trustkey import package_digest
+from sidecar.connectors.manifest.trustkey import package_digest
 from sidecar.control import connector_body, status_header
 from sidecar.errors import ConfigError
 

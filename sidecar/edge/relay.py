@@ -1,7 +1,7 @@
 """``/mcp/connectors/<id>``: one connector relayed faithfully, as if the client talked to it directly.
 
 Requests and results pass as they are (raw JSON-RPC, not re-typed), under new request ids that the
-upstream dispatcher maps back; a client's cancel reaches the connector under the connector's id, and
+connection's dispatcher maps back; a client's cancel reaches the connector under the connector's id, and
 progress comes back under the client's token. What the connector sends on its own (logging,
 sampling, elicitation, roots, list-changed, resource updates) goes to the client exchange that is
 waiting on it, or to the client's standalone stream when none is.
@@ -48,8 +48,8 @@ from sidecar.bus.tools import ToolService
 from sidecar.connectors.launch import START_TIMEOUT
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.proxy import withheld_message
+from sidecar.connectors.relayed import RelayedConnection, Sink
 from sidecar.connectors.service import ConnectorService
-from sidecar.connectors.upstream import Sink, Upstream
 from sidecar.edge.mcp import CALLER, elicitation_asker, principal_of
 from sidecar.errors import SidecarError, ToolError
 from sidecar.names import connector_of_route, connector_tool
@@ -71,7 +71,7 @@ _NOT_RELAYED: Final = frozenset({"notifications/cancelled", "notifications/progr
 
 
 class Relay:
-    """The SDK server behind ``/mcp/connectors/<id>``; its connector connections are ``Upstreams``."""
+    """The SDK server behind ``/mcp/connectors/<id>``; its connector connections are ``RelayedConnections``."""
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class Relay:
     ) -> None:
         self._manager = connectors.manager
         self._connector_tools = connectors.tools
-        self._upstreams = connectors.upstreams
+        self._relayed = connectors.relayed
         self._tools = tools
         self._sessions = sessions
 
@@ -113,9 +113,9 @@ class Relay:
         principal = principal_of(ctx)
         connector_id = _connector_id(principal.route)
         if ctx.request_id is None:  # a client notification
-            upstream = _connection_state(ctx).get(_STATE_KEY)
-            if isinstance(upstream, Upstream) and ctx.method not in _NOT_RELAYED:
-                await upstream.notify(ctx.method, ctx.params)
+            relayed = _connection_state(ctx).get(_STATE_KEY)
+            if isinstance(relayed, RelayedConnection) and ctx.method not in _NOT_RELAYED:
+                await relayed.notify(ctx.method, ctx.params)
             return await call_next(ctx)  # the downstream connection keeps its own state too
         session = self._sessions.alive(principal.session_id)
         if session is None:
@@ -128,10 +128,10 @@ class Relay:
             if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 return await call_next(ctx)  # removed at 2026-07-28: the SDK answers as its own server would
             return await self._initialize(ctx, session, connector)
-        upstream = await self._upstream(ctx, session, connector)
+        relayed = await self._relayed_connection(ctx, session, connector)
         channel, _ = _channels(ctx)
-        with upstream.serving(channel):
-            return await self._forward(_Exchange(ctx, session, connector, upstream, channel))
+        with relayed.serving(channel):
+            return await self._forward(_Exchange(ctx, session, connector, relayed, channel))
 
     def _trusted(self, connector_id: str) -> Connector:
         try:
@@ -150,44 +150,46 @@ class Relay:
         """A 2025-era MCP session opens: give it a connector connection of its own and relay the handshake."""
         _, connection = _channels(ctx)
         try:
-            upstream = await self._upstreams.open(session.id, session.workspace, connector.spec)
+            relayed = await self._relayed.open(session.id, session.workspace, connector.spec)
         except ToolError as exc:
             raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
-        upstream.standalone = connection
-        connection.state[_STATE_KEY] = upstream
+        relayed.standalone = connection
+        connection.state[_STATE_KEY] = relayed
         # The SDK unwinds this stack when the MCP session ends (DELETE, idle expiry, shutdown).
-        connection.exit_stack.push_async_callback(self._upstreams.drop, upstream)
+        connection.exit_stack.push_async_callback(self._relayed.drop, relayed)
         try:
-            return await upstream.request("initialize", ctx.params, {"cancel_on_abandon": False}, within=START_TIMEOUT)
+            return await relayed.request("initialize", ctx.params, {"cancel_on_abandon": False}, within=START_TIMEOUT)
         except BaseException:
-            await self._upstreams.drop(upstream)
+            await self._relayed.drop(relayed)
             raise
 
-    async def _upstream(self, ctx: ServerRequestContext[Any, Any], session: Session, connector: Connector) -> Upstream:
+    async def _relayed_connection(
+        self, ctx: ServerRequestContext[Any, Any], session: Session, connector: Connector
+    ) -> RelayedConnection:
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             try:
-                return await self._upstreams.shared(session.id, session.workspace, connector.spec)
+                return await self._relayed.shared(session.id, session.workspace, connector.spec)
             except ToolError as exc:
                 raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from None
-        upstream = _connection_state(ctx).get(_STATE_KEY)
-        if not isinstance(upstream, Upstream) or not upstream.alive:
+        relayed = _connection_state(ctx).get(_STATE_KEY)
+        if not isinstance(relayed, RelayedConnection) or not relayed.alive:
             raise MCPError(
                 code=INTERNAL_ERROR,
                 message=f"connector {connector.id} is not running for this MCP session; start a new session",
             )
-        return upstream
+        return relayed
 
     # -- forwarding --------------------------------------------------------------------------------
 
     async def _forward(self, exchange: _Exchange) -> dict[str, Any]:
-        ctx, session, connector, upstream, channel = exchange
+        ctx, session, connector, relayed, channel = exchange
         method, params = ctx.method, ctx.params
         opts = _call_options(ctx)
         if method == "tools/call":
             return await self._call_tool(exchange, opts)
         if method not in _UNGATED and not grants_connector(session, connector.id, needs_network=connector.spec.network):
             raise MCPError(code=INVALID_REQUEST, message=f"this session's grant does not include {connector.id}")
-        result = await upstream.request(method, params, opts, origin=_origin(ctx, channel))
+        result = await relayed.request(method, params, opts, origin=_origin(ctx, channel))
         if method == "tools/list":
             result = self._visible_tools(session, connector, result)
         return result
@@ -204,7 +206,7 @@ class Relay:
         return {**result, "tools": kept}
 
     async def _call_tool(self, exchange: _Exchange, opts: CallOptions) -> dict[str, Any]:
-        ctx, session, connector, upstream, channel = exchange
+        ctx, session, connector, relayed, channel = exchange
         params = dict(ctx.params or {})
         name = params.get("name")
         if not isinstance(name, str):
@@ -218,7 +220,7 @@ class Relay:
             # (its _meta, 2026-07-28 input responses and request state) passes as it came.
             forwarded = {**params, "arguments": arguments}
             try:
-                raw = await upstream.request("tools/call", forwarded, opts, origin=_origin(ctx, channel))
+                raw = await relayed.request("tools/call", forwarded, opts, origin=_origin(ctx, channel))
             except MCPError as exc:
                 failure.append(exc)
                 raise ToolError(exc.error.message) from None
@@ -246,7 +248,7 @@ class _Exchange(NamedTuple):
     ctx: ServerRequestContext[Any, Any]
     session: Session
     connector: Connector
-    upstream: Upstream
+    relayed: RelayedConnection
     channel: Sink
 
 

@@ -1,7 +1,7 @@
 """What a connector's configuration says about OAuth, as plain frozen values the broker can take.
 
-The connectors' manifests validate the files and build these (``connectors.manifest_oauth``,
-``connectors.manifests``); the OAuth side reads them and knows nothing of connectors:
+The connectors' manifests validate the files and build these (``connectors.manifest.oauth_client``,
+``connectors.manifest.sources``); the OAuth side reads them and knows nothing of connectors:
 
 - ``OAuthClient``: an HTTP entry's ``"oauth"`` block in ``mcp.json``, the client to sign in to a remote
   MCP server as (its secret stays in its file until a sign-in reads it);

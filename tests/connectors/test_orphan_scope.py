@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from sidecar.connectors.orphans import ORPHANAGE, TREE_VARIABLE, Orphanage
+from sidecar.connectors.stdio.orphans import ORPHANAGE, TREE_VARIABLE, Orphanage
 from sidecar.system import environ_value, is_child_subreaper, proc_table
 from tests.conftest import Daemon
 

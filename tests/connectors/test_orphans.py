@@ -23,7 +23,7 @@ from typing import Any, Final
 import psutil
 import pytest
 
-from sidecar.connectors.orphans import REAP_INTERVAL, TREE_VARIABLE
+from sidecar.connectors.stdio.orphans import REAP_INTERVAL, TREE_VARIABLE
 from sidecar.store.runtime import read_runtime
 from tests.conftest import Daemon, DaemonProcess, mcp_client, start_daemon_process, stop_daemon_process
 from tests.helpers import FIXTURES, python_server, request_json, tool_text, trust, wait_until, write_user_servers

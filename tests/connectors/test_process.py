@@ -25,7 +25,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, TextContent
 
-from sidecar.connectors.process import (
+from sidecar.connectors.stdio.process import (
     STOP_BOUND,
     ConnectorProcess,
     ProcessLimits,

@@ -251,10 +251,10 @@ async def test_a_call_past_the_timeout_fails_and_the_connector_is_told(
 ) -> None:
     # The calls go on the raw lane; its cancel is the connector's only news that the call is over.
     import sidecar.connectors.proxy
-    import sidecar.connectors.upstream
+    import sidecar.connectors.relayed
 
     monkeypatch.setattr(sidecar.connectors.proxy, "CALL_TIMEOUT", 1.0)
-    monkeypatch.setattr(sidecar.connectors.upstream, "CALL_TIMEOUT", 1.0)
+    monkeypatch.setattr(sidecar.connectors.relayed, "CALL_TIMEOUT", 1.0)
     session, tool, log = await _sleeper(daemon, tmp_path, route)
     async with mcp_client(session) as client:
         async with asyncio.timeout(BOUND):

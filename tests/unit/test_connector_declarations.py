@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from sidecar.bus.billing import BillingGate, ManifestSource, read_source
-from sidecar.connectors.manifests import ConnectorSpec, load_package, load_plugin, load_user_servers
+from sidecar.connectors.manifest.sources import ConnectorSpec, load_package, load_plugin, load_user_servers
+from sidecar.connectors.manifest.trustkey import canonical_launch, trust_key
 from sidecar.connectors.proxy import Deferral, billing_source
-from sidecar.connectors.trustkey import canonical_launch, trust_key
 from sidecar.errors import ConfigError
 
 ENTRY: dict[str, Any] = {"command": sys.executable, "args": ["server.py"]}

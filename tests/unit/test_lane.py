@@ -12,8 +12,8 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR
 
-from sidecar.connectors.framing import StdioFraming
-from sidecar.connectors.lane import RawLane
+from sidecar.connectors.stdio.framing import StdioFraming
+from sidecar.connectors.stdio.lane import RawLane
 
 WAIT = 5.0
 

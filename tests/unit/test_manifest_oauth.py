@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.connectors.manifests import load_package
+from sidecar.connectors.manifest.sources import load_package
 from sidecar.errors import ConfigError
 
 GOOD: dict[str, Any] = {

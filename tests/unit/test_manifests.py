@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.connectors.manifests import (
+from sidecar.connectors.manifest.sources import (
     ConnectorSpec,
     ManifestProblem,
     discover,

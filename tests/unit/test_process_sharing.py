@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from sidecar.connectors.manifests import ConnectorSpec, load_package, load_user_servers
-from sidecar.connectors.shared import SessionView
-from sidecar.connectors.spec import SESSION_PLACEHOLDERS, session_dependence
-from sidecar.connectors.trustkey import canonical_launch, trust_key
+from sidecar.connectors.manifest.sources import ConnectorSpec, load_package, load_user_servers
+from sidecar.connectors.manifest.spec import SESSION_PLACEHOLDERS, session_dependence
+from sidecar.connectors.manifest.trustkey import canonical_launch, trust_key
+from sidecar.connectors.sharing.shared import SessionView
 from sidecar.errors import ConfigError, ToolError
 
 FREE: dict[str, Any] = {"command": sys.executable, "args": ["server.py"], "cwd": "/srv/tools"}

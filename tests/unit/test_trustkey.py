@@ -15,9 +15,15 @@ from typing import Any
 
 import pytest
 
-from sidecar.connectors import trustkey
-from sidecar.connectors.manifests import ConnectorSpec, LaunchConfig, load_package, load_plugin, load_user_servers
-from sidecar.connectors.trustkey import canonical_launch, package_digest, trust_key
+from sidecar.connectors.manifest import trustkey
+from sidecar.connectors.manifest.sources import (
+    ConnectorSpec,
+    LaunchConfig,
+    load_package,
+    load_plugin,
+    load_user_servers,
+)
+from sidecar.connectors.manifest.trustkey import canonical_launch, package_digest, trust_key
 from sidecar.errors import ConfigError
 
 CONNECTOR: dict[str, Any] = {"id": "workspace", "name": "Workspace", "type": "mcp", "tools": {"r": {"risk": "LOW"}}}
@@ -283,7 +289,7 @@ def test_a_plugin_key_covers_its_directory(tmp_path: Path) -> None:
 
 
 def test_the_digest_is_stable_across_runs(package: Path) -> None:
-    code = "import sys; from pathlib import Path; from sidecar.connectors.trustkey import package_digest; "
+    code = "import sys; from pathlib import Path; from sidecar.connectors.manifest.trustkey import package_digest; "
     code += "print(package_digest(Path(sys.argv[1])))"
     runs = {
         subprocess.run(

@@ -44,10 +44,10 @@ from typing import Final
 
 from mcp.client import Transport
 
-from sidecar.connectors.framing import StderrTail, StdioFraming
-from sidecar.connectors.lane import RawLane
-from sidecar.connectors.orphans import ORPHANAGE, TREE_VARIABLE, Orphanage
-from sidecar.connectors.stopping import close_stdin, describe_exit, until
+from sidecar.connectors.stdio.framing import StderrTail, StdioFraming
+from sidecar.connectors.stdio.lane import RawLane
+from sidecar.connectors.stdio.orphans import ORPHANAGE, TREE_VARIABLE, Orphanage
+from sidecar.connectors.stdio.stopping import close_stdin, describe_exit, until
 from sidecar.seams.asyncio_subprocess import close_subprocess_transport
 from sidecar.system import ProcessTree, pid_alive, signal_group
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from sidecar.canonical import canonical_json
-from sidecar.connectors.manifests import ConnectorSpec
+from sidecar.connectors.manifest.sources import ConnectorSpec
 from sidecar.errors import ConfigError
 
 __all__ = ["MAX_PACKAGE_BYTES", "MAX_PACKAGE_FILES", "canonical_launch", "package_digest", "trust_key"]

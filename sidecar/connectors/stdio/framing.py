@@ -30,7 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp import types
 from mcp.shared.message import SessionMessage
 
-from sidecar.connectors.lane import RawLane
+from sidecar.connectors.stdio.lane import RawLane
 
 __all__ = ["STDERR_LINE_BYTES", "Inbound", "StderrTail", "StdioFraming"]
 

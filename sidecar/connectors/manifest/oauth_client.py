@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from sidecar.connectors.manifest_fields import ABSENT, GIVEN, ApiBaseUrl, ClientSecret, ScopeToken, Text, Url
+from sidecar.connectors.manifest.fields import ABSENT, GIVEN, ApiBaseUrl, ClientSecret, ScopeToken, Text, Url
 from sidecar.oauth.declared import Provider, UpstreamApi
 
 __all__ = ["METHODS", "OAuthClientFile", "UpstreamFile"]

@@ -5,12 +5,12 @@
 ``plugin.json`` (``PluginFile``). Every model is frozen, strict (``"yes"`` is not ``true``, ``1`` is not ``"1"``)
 and refuses unknown keys, since a typo must not be ignored; the keys agent hosts add to an entry
 (``disabled``, ``autoApprove``...) and Claude Code's plugin metadata are declared and ignored. The values
-themselves are the checked types of ``manifest_fields``.
+themselves are the checked types of ``fields``.
 
 A file's ``mcpServers`` are held raw and each entry is validated on its own (``validate_entry``), so one
 broken entry hides no other. An entry is stdio (``StdioEntry``, ``{"command", "args", "env", "cwd"}``) or
 Streamable HTTP (``HttpEntry``, ``{"type": "http", "url", "headers", "oauth"}``); ``entry_model`` picks by ``type``.
-Validate with a ``manifest_fields.Context`` as pydantic's context: some rules depend on where a file sits.
+Validate with a ``fields.Context`` as pydantic's context: some rules depend on where a file sits.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from sidecar.connectors.manifest_fields import (
+from sidecar.connectors.manifest.fields import (
     GIVEN,
     ClientSecretFile,
     Command,
@@ -55,7 +55,7 @@ from sidecar.connectors.manifest_fields import (
     UnknownTransport,
     context_of,
 )
-from sidecar.connectors.spec import ProcessMode, session_dependence
+from sidecar.connectors.manifest.spec import ProcessMode, session_dependence
 
 __all__ = [
     "ConnectorFile",

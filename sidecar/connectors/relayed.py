@@ -9,7 +9,7 @@ What the connector sends on its own (server→client requests and notifications)
 notification that names the request it belongs to (a 2026-07-28 subscription event names its
 ``subscriptions/listen``) goes to that request's client exchange, under the client's own id. Anything
 else goes to the client exchange waiting on this connection, or to the client connection's standalone
-channel when none is (``Upstream.serving``): stdio carries nothing that ties a server→client request
+channel when none is (``RelayedConnection.serving``): stdio carries nothing that ties a server→client request
 or a log line to the request that caused it.
 """
 
@@ -41,13 +41,13 @@ from sidecar.connectors.launch import (
     http_transport,
     launch_plan,
 )
-from sidecar.connectors.manifests import ConnectorSpec
-from sidecar.connectors.process import ConnectorProcess, ProcessLimits
+from sidecar.connectors.manifest.sources import ConnectorSpec
 from sidecar.connectors.rawcall import send_to_connector
+from sidecar.connectors.stdio.process import ConnectorProcess, ProcessLimits
 from sidecar.errors import ToolError, find_error
 from sidecar.text import preview
 
-__all__ = ["Sink", "Upstream", "Upstreams"]
+__all__ = ["RelayedConnection", "RelayedConnections", "Sink"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Sink(Protocol):
     async def notify(self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None) -> None: ...
 
 
-class Upstream:
+class RelayedConnection:
     """A connector connection owned by one holder task; ``request``/``notify`` may be called from any task."""
 
     def __init__(
@@ -282,7 +282,7 @@ class Upstream:
             yield streams
 
 
-class Upstreams:
+class RelayedConnections:
     """Every relayed connection, by (sidecar session, connector): opened, counted, reaped, closed.
 
     A 2025-era MCP session opens one of its own (``open``; the relay drops it when that MCP session
@@ -320,8 +320,8 @@ class Upstreams:
         self._give_way = give_way
         self._per_session = per_session
         self._idle_seconds = idle_seconds
-        self._open: dict[Upstream, tuple[str, str]] = {}
-        self._shared: dict[tuple[str, str], Upstream] = {}
+        self._open: dict[RelayedConnection, tuple[str, str]] = {}
+        self._shared: dict[tuple[str, str], RelayedConnection] = {}
         self._starting: dict[tuple[str, str], asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
 
@@ -329,15 +329,15 @@ class Upstreams:
         """Live connections (a dead one stays registered until its MCP session ends, but runs nothing)."""
         return sum(
             1
-            for upstream, (_, cid) in self._open.items()
-            if upstream.alive and (connector_id is None or cid == connector_id)
+            for relayed, (_, cid) in self._open.items()
+            if relayed.alive and (connector_id is None or cid == connector_id)
         )
 
     def connected(self, connector_id: str) -> set[str]:
         """The sessions with a live relayed connection to the connector."""
-        return {sid for upstream, (sid, cid) in self._open.items() if cid == connector_id and upstream.alive}
+        return {sid for relayed, (sid, cid) in self._open.items() if cid == connector_id and relayed.alive}
 
-    async def open(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
+    async def open(self, session_id: str, workspace: str, spec: ConnectorSpec) -> RelayedConnection:
         """A new connection of the session's own; ``ToolError`` when a cap is reached and nothing of this
         session can give way, when its trust no longer holds on disk (``admit``), or it cannot start."""
         self._admit(spec)
@@ -346,21 +346,21 @@ class Upstreams:
             self._http_auth.require(spec.id)  # a connector that needs a sign-in fails fast, with the remedy
             auth = self._http_auth.auth_for(spec.id)
         await self._make_room(session_id, spec.id)
-        upstream = Upstream(
+        relayed = RelayedConnection(
             launch_plan(spec, self._context(session_id, workspace)),
             name=spec.id,
             on_failure=lambda reason, stderr: self._failures.record(spec.id, session_id, reason=reason, stderr=stderr),
             auth=auth,
         )
-        self._open[upstream] = (session_id, spec.id)
+        self._open[relayed] = (session_id, spec.id)
         try:
-            await upstream.start(self._start_timeout)
+            await relayed.start(self._start_timeout)
         except BaseException:
-            self._open.pop(upstream, None)
+            self._open.pop(relayed, None)
             raise
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap(), name="relay-idle-reaper")
-        return upstream
+        return relayed
 
     async def _make_room(self, session_id: str, connector_id: str) -> None:
         """A warm spare gives way first (it serves nobody yet); then this session's least recently used
@@ -390,24 +390,24 @@ class Upstreams:
                 )
                 await self.drop(oldest)
 
-    async def shared(self, session_id: str, workspace: str, spec: ConnectorSpec) -> Upstream:
+    async def shared(self, session_id: str, workspace: str, spec: ConnectorSpec) -> RelayedConnection:
         """The session's one connection to ``spec`` for self-contained (2026-07-28) requests."""
         key = (session_id, spec.id)
         async with self._starting.setdefault(key, asyncio.Lock()):
-            upstream = self._shared.get(key)
-            if upstream is not None and upstream.alive:
-                return upstream
-            if upstream is not None:
-                await self.drop(upstream)
-            upstream = await self.open(session_id, workspace, spec)
-            self._shared[key] = upstream
-            return upstream
+            relayed = self._shared.get(key)
+            if relayed is not None and relayed.alive:
+                return relayed
+            if relayed is not None:
+                await self.drop(relayed)
+            relayed = await self.open(session_id, workspace, spec)
+            self._shared[key] = relayed
+            return relayed
 
-    async def drop(self, upstream: Upstream) -> None:
-        key = self._open.pop(upstream, None)
-        if key is not None and self._shared.get(key) is upstream:
+    async def drop(self, relayed: RelayedConnection) -> None:
+        key = self._open.pop(relayed, None)
+        if key is not None and self._shared.get(key) is relayed:
             del self._shared[key]
-        await upstream.close()
+        await relayed.close()
 
     async def close_session(self, session_id: str) -> None:
         await self._close_where(lambda key: key[0] == session_id)
@@ -425,8 +425,8 @@ class Upstreams:
         await self._close_where(lambda key: True)
 
     async def _close_where(self, match: Callable[[tuple[str, str]], bool]) -> None:
-        doomed = [upstream for upstream, key in self._open.items() if match(key)]
-        await asyncio.gather(*(self.drop(upstream) for upstream in doomed))
+        doomed = [relayed for relayed, key in self._open.items() if match(key)]
+        await asyncio.gather(*(self.drop(relayed) for relayed in doomed))
 
     async def _reap(self) -> None:
         interval = max(1.0, min(60.0, self._idle_seconds / 4))
@@ -434,8 +434,6 @@ class Upstreams:
             await asyncio.sleep(interval)
             now = time.monotonic()
             stale = [u for u in self._open if u.idle and now - u.last_used > self._idle_seconds]
-            for upstream in stale:
-                logger.info(
-                    "closing a relayed connection to %s idle for %.0fs", upstream.name, now - upstream.last_used
-                )
-            await asyncio.gather(*(self.drop(upstream) for upstream in stale))
+            for relayed in stale:
+                logger.info("closing a relayed connection to %s idle for %.0fs", relayed.name, now - relayed.last_used)
+            await asyncio.gather(*(self.drop(relayed) for relayed in stale))

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Generic, Protocol, TypeVar
 
-from sidecar.connectors.spec import ConnectorSpec
+from sidecar.connectors.manifest.spec import ConnectorSpec
 from sidecar.errors import SidecarError
 
 __all__ = ["START_DELAY", "SpareSlot", "Spares"]

@@ -1,6 +1,6 @@
 """What a connector is once its manifest is validated: a ``ConnectorSpec``, or a ``ManifestProblem``.
 
-Plain frozen values, whatever the source (a package, the user's ``mcp.json``, a plugin); ``manifests``
+Plain frozen values, whatever the source (a package, the user's ``mcp.json``, a plugin); ``sources``
 builds them and the rest of ``sidecar.connectors`` (trust keys, the pool, the proxy) reads them.
 """
 
@@ -67,7 +67,7 @@ class ConnectorSpec:
     """One connector from any source, validated; trust is keyed on it (``trustkey.trust_key``)."""
 
     id: str
-    """The server name in ``mcp__<id>__<tool>``: lowercase, at most ``manifest_fields.MAX_ID_LENGTH`` characters."""
+    """The server name in ``mcp__<id>__<tool>``: lowercase, at most ``fields.MAX_ID_LENGTH`` characters."""
     kind: Literal["package", "user", "plugin"]
     name: str
     description: str

@@ -1,4 +1,4 @@
-"""Connector manifests: every source read, validated (``manifest_models``) and made one ``ConnectorSpec``.
+"""Connector manifests: every source read, validated (``models``) and made one ``ConnectorSpec``.
 
 Sources, in the order that settles id collisions:
 
@@ -33,8 +33,8 @@ from typing import Any, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from sidecar.connectors.manifest_fields import MAX_ID_LENGTH, PLACEHOLDERS, Context, id_problem
-from sidecar.connectors.manifest_models import (
+from sidecar.connectors.manifest.fields import MAX_ID_LENGTH, PLACEHOLDERS, Context, id_problem
+from sidecar.connectors.manifest.models import (
     ConnectorFile,
     HttpEntry,
     PackageServersFile,
@@ -45,8 +45,8 @@ from sidecar.connectors.manifest_models import (
     shared_refusal,
     validate_entry,
 )
-from sidecar.connectors.manifest_oauth import OAuthClientFile
-from sidecar.connectors.spec import ConnectorSpec, LaunchConfig, ManifestProblem
+from sidecar.connectors.manifest.oauth_client import OAuthClientFile
+from sidecar.connectors.manifest.spec import ConnectorSpec, LaunchConfig, ManifestProblem
 from sidecar.errors import ConfigError, StorageError
 from sidecar.oauth.declared import OAuthClient
 from sidecar.store.files import loads_strict, read_private

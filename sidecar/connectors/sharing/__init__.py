@@ -1,0 +1,1 @@
+"""Processes one session did not start alone: warm spares (``spares``) and shared processes (``shared``)."""
