@@ -1,15 +1,18 @@
 """The web console's routes: sign-in, its page and static files, and the small JSON API the page calls.
 
-Sign-in (issue 14 item 1): ``sidecar ui`` mints a one-time code through the control API
-(``POST /control/console/code``, control token) and opens ``/ui/signin?code=…``; that exchange spends
-the code and answers ``303 /ui/`` with the console cookie, so the code leaves the address bar at once.
+Sign-in (issue 14 item 1, issue 21 item 2): ``sidecar ui`` mints a one-time code through the control
+API (``POST /control/console/code``, control token) and opens ``/ui/signin#code=…``. That page's script
+drops the code from the address bar and spends it (``POST /ui/api/session``, from the daemon's own
+``Origin``) for a session secret, which it keeps in ``sessionStorage``; the console's page sends it as
+``X-Sidecar-Session`` on every ``/ui/api/`` call. No page the daemon serves holds a secret, and nothing
+the browser sends by itself (a cookie) signs anyone in: a server on another loopback port gets nothing
+to replay (``auth/console``).
 
-Every ``/ui/api/`` request needs the cookie *and* the CSRF token (header ``X-Sidecar-CSRF``, which only
-the console's own page can read from its HTML); every request that changes something also needs the
-daemon's own ``Origin``. The network guard lets the daemon's own origin through on ``/ui`` only (and
-keeps refusing ``Sec-Fetch-Site: same-site`` pages, such as another loopback port's). Every ``/ui``
-answer carries a strict Content-Security-Policy (scripts, styles and fetches from this origin only, no
-inline script, no frames), ``X-Frame-Options: DENY`` and ``Referrer-Policy: no-referrer``.
+Every request that changes something also needs the daemon's own ``Origin`` and a JSON body. The
+network guard lets the daemon's own origin through on ``/ui`` only (and keeps refusing
+``Sec-Fetch-Site: same-site`` pages, such as another loopback port's). Every ``/ui`` answer carries a
+strict Content-Security-Policy (scripts, styles and fetches from this origin only, no inline script, no
+frames), ``X-Frame-Options: DENY`` and ``Referrer-Policy: no-referrer``.
 
 The actions are the control API's own: the connector service, the approval store, the session store,
 ``start_sign_in`` and the OAuth broker's ``revoke``; nothing is reimplemented here.
@@ -25,22 +28,24 @@ from typing import Final
 from aiohttp import hdrs, web
 
 from sidecar import control
-from sidecar.appkeys import AUDIT, CONNECTORS, CONSOLE, RUNTIME
-from sidecar.auth.console import CODE_TTL, SESSION_TTL, ConsoleSession, cookie_name
+from sidecar.appkeys import AUDIT, CONNECTORS, CONSOLE, RUNTIME, SETTINGS
+from sidecar.auth.console import CODE_TTL, IDLE_TTL, SESSION_TTL, ConsoleSession
 from sidecar.console.views import audit_view, connector_view, overview
 from sidecar.control import connector_body, start_sign_in
-from sidecar.errors import Forbidden, NotFound, Unauthorized, UnsupportedMediaType
+from sidecar.errors import Forbidden, NotFound, RequestRejected, Unauthorized, UnsupportedMediaType
 from sidecar.http import json_response
+from sidecar.net.body import read_json
 from sidecar.net.guard import own_origins
 from sidecar.oauth.flow import check_authorization_url
 from sidecar.origins import parse_origin
 
-__all__ = ["CSRF_HEADER", "UI_PREFIX", "add_console_routes", "console_url", "is_console_path"]
+__all__ = ["SESSION_HEADER", "UI_PREFIX", "add_console_routes", "console_url", "is_console_path"]
 
 logger = logging.getLogger(__name__)
 
 UI_PREFIX: Final = "/ui"
-CSRF_HEADER: Final = "X-Sidecar-CSRF"
+SESSION_HEADER: Final = "X-Sidecar-Session"
+"""The header every ``/ui/api/`` call carries the console session's secret in."""
 CONTENT_SECURITY_POLICY: Final = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
@@ -55,6 +60,7 @@ _PAGE_HEADERS: Final = {
 }
 _STATIC: Final = {
     "console.js": "text/javascript",
+    "signin.js": "text/javascript",
     "console.css": "text/css",
     "favicon.svg": "image/svg+xml",
 }
@@ -79,31 +85,30 @@ def _static(name: str) -> bytes:
 # --- who is asking ---------------------------------------------------------------------------------
 
 
-def _session_of(request: web.Request) -> ConsoleSession | None:
-    return request.app[CONSOLE].session(request.cookies.get(cookie_name(request.app[RUNTIME].port)))
+def _check_change(request: web.Request) -> None:
+    """A change comes from the daemon's own page: its own ``Origin``, present, and a JSON body."""
+    origins = request.headers.getall(hdrs.ORIGIN, [])
+    try:
+        origin = parse_origin(origins[0]) if len(origins) == 1 else None
+    except ValueError:
+        origin = None
+    # SECURITY: a change needs the daemon's own origin, present: not merely an origin the guard allows.
+    if origin not in own_origins(request.app[RUNTIME].port):
+        raise Forbidden("a console change must come from the console's own page (Origin)")
+    # SECURITY: no HTML form can send JSON; the page always does (defence in depth behind the above).
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType("a console change is a JSON request (Content-Type: application/json)")
 
 
 def _check_api(request: web.Request) -> ConsoleSession:
-    """Cookie, CSRF token and, for a change, the daemon's own Origin; else 401/403 before anything runs."""
-    session = _session_of(request)
+    """The session secret and, for a change, the daemon's own Origin; else 401/403 before anything runs."""
+    # SECURITY: a header only the console's page can send (its secret is in that origin's sessionStorage;
+    # a page elsewhere cannot read it, nor send a custom header here without CORS, which is never given).
+    session = request.app[CONSOLE].session(request.headers.get(SESSION_HEADER))
     if session is None:
-        raise Unauthorized("not signed in to the console (or signed out): run sidecar ui")
-    # SECURITY: a page elsewhere on loopback may be sent the cookie (cookies ignore ports); it cannot
-    # read the token out of the console's page, nor send a custom header cross-origin without CORS.
-    if not session.csrf_matches(request.headers.get(CSRF_HEADER)):
-        raise Forbidden(f"missing or wrong {CSRF_HEADER} token: reload the console")
+        raise Unauthorized("not signed in to the console (or signed out, or idle too long): run sidecar ui")
     if request.method not in _SAFE_METHODS:
-        origins = request.headers.getall(hdrs.ORIGIN, [])
-        try:
-            origin = parse_origin(origins[0]) if len(origins) == 1 else None
-        except ValueError:
-            origin = None
-        # SECURITY: a change needs the daemon's own origin, present: not merely an origin the guard allows.
-        if origin not in own_origins(request.app[RUNTIME].port):
-            raise Forbidden("a console change must come from the console's own page (Origin)")
-        # SECURITY: no HTML form can send JSON; the page always does (defence in depth behind the above).
-        if request.content_type != "application/json":
-            raise UnsupportedMediaType("a console change is a JSON request (Content-Type: application/json)")
+        _check_change(request)
     return session
 
 
@@ -115,58 +120,51 @@ async def mint_code(request: web.Request) -> web.Response:
     app = request.app
     code = app[CONSOLE].mint_code()
     app[AUDIT].append("console.code")
-    url = f"{console_url(app[RUNTIME].port)}signin?code={code}"
+    # The code rides in the fragment: a browser never sends it to a server, nor in a Referer.
+    url = f"{console_url(app[RUNTIME].port)}signin#code={code}"
     return json_response({"url": url, "expires_in": int(CODE_TTL)}, headers={"Cache-Control": "no-store"})
 
 
-async def signin(request: web.Request) -> web.Response:
-    """Spend the one-time code; set the cookie and drop the code from the address bar (303)."""
-    app = request.app
-    exchanged = app[CONSOLE].exchange(request.query.get("code"))
-    if exchanged is None:
-        app[AUDIT].append("console.signin_refused")
-        return _page(
-            "Sign-in link not valid",
-            "This sign-in link was used already or has expired (links live 60 seconds and work once). "
-            "Run sidecar ui again for a new one.",
-            status=403,
-        )
-    cookie, _ = exchanged
-    app[AUDIT].append("console.signin")
-    response = web.Response(status=303, headers={hdrs.LOCATION: f"{UI_PREFIX}/"})
-    # SECURITY: HttpOnly (no script reads it), SameSite=Strict, Path=/ui; no Secure on plain loopback
-    # HTTP (the browser would drop it). Its name carries the port: cookies ignore ports.
-    response.set_cookie(
-        cookie_name(app[RUNTIME].port),
-        cookie,
-        max_age=int(SESSION_TTL),
-        path=UI_PREFIX,
-        httponly=True,
-        samesite="Strict",
+async def signin_page(request: web.Request) -> web.Response:
+    """The sign-in page: no secret in it; its script spends the code from its own address's fragment."""
+    return _page(
+        "Signing in to the sidecar console",
+        "Signing in… If nothing happens, the link was used already or has expired (links live 60 seconds and "
+        "work once): run sidecar ui again for a new one.",
+        status=200,
+        script="signin.js",
     )
-    return response
+
+
+async def api_session(request: web.Request) -> web.Response:
+    """``POST /ui/api/session`` ``{"code"}`` from the sign-in page: spend the code for a session secret."""
+    _check_change(request)
+    app = request.app
+    _, body = await read_json(request, app[SETTINGS].limits)
+    code = body.get("code") if isinstance(body, dict) else None
+    if not isinstance(code, str):
+        raise RequestRejected('send {"code": "<the code from the sign-in link>"}')
+    secret = app[CONSOLE].exchange(code)
+    if secret is None:
+        app[AUDIT].append("console.signin_refused")
+        raise Forbidden("this sign-in link was used already or has expired: run sidecar ui again")
+    app[AUDIT].append("console.signin")
+    return json_response(
+        {"secret": secret, "expires_in": int(SESSION_TTL), "idle_timeout": int(IDLE_TTL)},
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 async def signout(request: web.Request) -> web.Response:
+    """End the session server-side: its secret is worthless from now on, wherever it was copied to."""
     _check_api(request)
-    app = request.app
-    name = cookie_name(app[RUNTIME].port)
-    app[CONSOLE].sign_out(request.cookies.get(name))
-    response = json_response({"signed_out": True})
-    response.del_cookie(name, path=UI_PREFIX)
-    return response
+    request.app[CONSOLE].sign_out(request.headers.get(SESSION_HEADER))
+    return json_response({"signed_out": True})
 
 
 async def index(request: web.Request) -> web.Response:
-    session = _session_of(request)
-    if session is None:
-        return _page(
-            "sidecar console",
-            "You are not signed in. Run sidecar ui in a terminal: it opens this console with a one-time link.",
-            status=401,
-        )
-    page = _static("index.html").decode("utf-8").replace("{{csrf}}", html.escape(session.csrf))
-    return web.Response(text=page, content_type="text/html", charset="utf-8")
+    """The console's page, the same for everyone: it holds no secret (its script brings the session)."""
+    return web.Response(body=_static("index.html"), content_type="text/html", charset="utf-8")
 
 
 async def redirect_index(request: web.Request) -> web.Response:
@@ -181,13 +179,15 @@ async def static(request: web.Request) -> web.Response:
     return web.Response(body=_static(name), content_type=content_type)
 
 
-def _page(title: str, message: str, *, status: int) -> web.Response:
-    """A plain page for the browser (no script): the sign-in refusal, the signed-out console."""
+def _page(title: str, message: str, *, status: int, script: str | None = None) -> web.Response:
+    """A plain page for the browser: the sign-in page (with its one script file), never a secret."""
+    tag = f'<script src="{UI_PREFIX}/static/{script}" defer></script>' if script else ""
     body = (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<title>{html.escape(title)}</title><link rel="stylesheet" href="{UI_PREFIX}/static/console.css">'
-        f'<link rel="icon" href="{UI_PREFIX}/static/favicon.svg"></head>'
-        f'<body><main class="notice"><h1>{html.escape(title)}</h1><p>{html.escape(message)}</p></main></body></html>\n'
+        f'<link rel="icon" href="{UI_PREFIX}/static/favicon.svg">{tag}</head>'
+        f'<body><main class="notice"><h1>{html.escape(title)}</h1><p id="notice">{html.escape(message)}</p>'
+        "</main></body></html>\n"
     )
     return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
 
@@ -267,8 +267,9 @@ def add_console_routes(app: web.Application) -> None:
     r.add_post("/control/console/code", mint_code)
     r.add_get(UI_PREFIX, redirect_index)
     r.add_get(f"{UI_PREFIX}/", index)
-    r.add_get(f"{UI_PREFIX}/signin", signin)
-    r.add_post(f"{UI_PREFIX}/signout", signout)
+    r.add_get(f"{UI_PREFIX}/signin", signin_page)
+    r.add_post(f"{UI_PREFIX}/api/session", api_session)
+    r.add_post(f"{UI_PREFIX}/api/signout", signout)
     r.add_get(f"{UI_PREFIX}/static/{{name}}", static)
     r.add_get(f"{UI_PREFIX}/api/overview", api_overview)
     r.add_get(f"{UI_PREFIX}/api/audit", api_audit)

@@ -84,7 +84,7 @@ async def console(browser: Any, daemon: Daemon) -> AsyncIterator[Watched]:
         minted = await daemon.control("POST", "/control/console/code")
         response = await watched.page.goto(minted["url"])
         assert response is not None and response.status == 200
-        assert watched.page.url == f"{daemon.url}/ui/"  # the code is gone from the address bar
+        await watched.page.wait_for_url(f"{daemon.url}/ui/", timeout=STEP)  # the code is gone from the address bar
         await playwright_api.expect(watched.page.locator("#version")).to_have_text("0.1.0", timeout=STEP)
         yield watched
         assert watched.errors == []
@@ -107,27 +107,25 @@ async def screenshot(watched: Watched, name: str) -> None:
 
 async def test_the_one_time_link_signs_in_once(browser: Any, daemon: Daemon) -> None:
     async with console(browser, daemon) as watched:
-        cookies = await watched.page.context.cookies()
-        (cookie,) = cookies
-        assert cookie["name"] == f"sidecar_console_{daemon.port}"
-        assert (cookie["httpOnly"], cookie["sameSite"], cookie["path"], cookie["secure"]) == (
-            True,
-            "Strict",
-            "/ui",
-            False,
-        )
-        assert await watched.page.evaluate("document.cookie") == ""  # no script can read it
+        # The session is this tab's sessionStorage, this origin's only: no cookie, nothing in the page.
+        assert await watched.page.context.cookies() == []
+        secret = await watched.page.evaluate("sessionStorage.getItem('sidecar-session')")
+        assert isinstance(secret, str) and len(secret) == 43
+        assert secret not in await watched.page.content()
     context = await browser.new_context()
     try:
         page = await context.new_page()
         minted = await daemon.control("POST", "/control/console/code")
         first = await page.goto(minted["url"])
         assert first is not None and first.status == 200
+        await page.wait_for_url(f"{daemon.url}/ui/", timeout=STEP)
         other = await (await browser.new_context()).new_page()
-        second = await other.goto(minted["url"])  # the same link, in another browser profile
-        assert second is not None and second.status == 403
-        assert "used already or has expired" in await other.content()
-        assert await other.context.cookies() == []
+        await other.goto(minted["url"])  # the same link, in another browser profile
+        await playwright_api.expect(other.locator("#notice")).to_contain_text(
+            "used already or has expired", timeout=STEP
+        )
+        assert other.url == f"{daemon.url}/ui/signin"  # the code left the address bar all the same
+        assert await other.evaluate("sessionStorage.getItem('sidecar-session')") is None
         await other.context.close()
     finally:
         await context.close()
@@ -277,7 +275,7 @@ async function attempt(name, init) {{
 }}
 (async () => {{
   await attempt("approvals/{approval}/allow", {{method: "POST", mode: "no-cors", body: "{{}}"}});
-  const json = {{"Content-Type": "application/json", "X-Sidecar-CSRF": "guess"}};
+  const json = {{"Content-Type": "application/json", "X-Sidecar-Session": "guess"}};
   await attempt("approvals/{approval}/allow", {{method: "POST", headers: json, body: "{{}}"}});
   await attempt("sessions/{session}/end", {{method: "POST", mode: "no-cors", body: "{{}}"}});
   await attempt("overview", {{}});

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.error
 import urllib.request
@@ -13,29 +14,32 @@ from tests.conftest import DaemonProcess
 pytestmark = pytest.mark.slow  # the daemon and the CLI are processes
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
-
-
-def _open(url: str) -> tuple[int, str]:
-    opener = urllib.request.build_opener(_NoRedirect)
+def _spend(url: str) -> tuple[int, dict[str, object]]:
+    """What the sign-in page's script does with the code in its address's fragment."""
+    page, _, fragment = url.partition("#code=")
+    origin = page.partition("/ui/")[0]
+    request = urllib.request.Request(
+        f"{origin}/ui/api/session",
+        data=json.dumps({"code": fragment}).encode(),
+        headers={"Content-Type": "application/json", "Origin": origin},
+        method="POST",
+    )
     try:
-        with opener.open(url, timeout=15) as response:
-            return response.status, response.headers.get("Set-Cookie", "")
+        with urllib.request.urlopen(request, timeout=15) as response:
+            return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
-        return err.code, err.headers.get("Set-Cookie", "")
+        return err.code, json.loads(err.read())
 
 
 def test_sidecar_ui_prints_a_link_that_signs_in_once(daemon_process: DaemonProcess) -> None:
     result = daemon_process.cli("ui", "--no-browser")
-    found = re.search(r"(http://127\.0\.0\.1:(\d+)/ui/signin\?code=[A-Za-z0-9_-]{43})\s", result.stdout)
+    found = re.search(r"(http://127\.0\.0\.1:\d+/ui/signin#code=[A-Za-z0-9_-]{43})\s", result.stdout)
     assert found is not None, result.stdout
     assert "works once, within 60 s" in result.stdout
-    url, port_text = found.group(1), found.group(2)
-    status, cookie = _open(url)
-    assert status == 303 and cookie.startswith(f"sidecar_console_{port_text}=")
-    assert _open(url) == (403, "")
+    status, answer = _spend(found.group(1))
+    assert status == 200 and isinstance(answer["secret"], str)
+    status, again = _spend(found.group(1))
+    assert status == 403 and "secret" not in again
 
 
 def test_sidecar_ui_without_a_daemon_says_so(daemon_process: DaemonProcess) -> None:

@@ -1,13 +1,15 @@
-"""The web console's front door (issue 14 item 1): one-time sign-in, the cookie, CSRF and the own origin.
+"""The web console's front door (issue 14 item 1, issue 21 item 2): one-time sign-in, the session
+secret in a header, and the own origin.
 
-A real daemon on 127.0.0.1:0 in this process, driven over HTTP as a browser would (cookies and headers
-set by hand, so each rule can be broken alone). Every refusal asserts its status and that nothing
-happened: the approval is still pending, the session still alive, nothing audited as done.
+A real daemon on 127.0.0.1:0 in this process, driven over HTTP as a browser would (headers set by hand,
+so each rule can be broken alone). Every refusal asserts its status and that nothing happened: the
+approval is still pending, the session still alive, nothing audited as done. What the browser sends by
+itself (a cookie, from any page on any loopback port) signs nobody in: only the secret the console's
+own page keeps in ``sessionStorage`` does.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,18 +28,15 @@ CSP = (
 
 @dataclass
 class Browser:
-    """What a signed-in console page holds: the cookie (sent by the browser) and the CSRF token (its HTML)."""
+    """What a signed-in console page holds: the session secret (in its origin's sessionStorage)."""
 
-    cookie: str
-    csrf: str
+    secret: str
     origin: str
 
-    def headers(self, *, origin: str | None = "own", csrf: str | None = "own", cookie: bool = True) -> dict[str, str]:
+    def headers(self, *, origin: str | None = "own", secret: str | None = "own") -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
-        if cookie:
-            headers["Cookie"] = self.cookie
-        if csrf is not None:
-            headers["X-Sidecar-CSRF"] = self.csrf if csrf == "own" else csrf
+        if secret is not None:
+            headers["X-Sidecar-Session"] = self.secret if secret == "own" else secret
         if origin is not None:
             headers["Origin"] = self.origin if origin == "own" else origin
         return headers
@@ -61,17 +60,21 @@ async def _call(
         return response.status, await response.json(content_type=None)
 
 
+def _own(daemon: Daemon) -> dict[str, str]:
+    return {"Origin": f"http://127.0.0.1:{daemon.port}", "Content-Type": "application/json"}
+
+
+async def _spend(daemon: Daemon, url: str, headers: Mapping[str, str] | None = None) -> tuple[int, Any]:
+    """What the sign-in page's script does with the code in its fragment."""
+    code = url.partition("#code=")[2]
+    return await _call(daemon, "POST", "/ui/api/session", headers or _own(daemon), {"code": code})
+
+
 async def sign_in(daemon: Daemon) -> Browser:
     minted = await daemon.control("POST", "/control/console/code")
-    status, headers, _, cookies = await _get(minted["url"])
-    assert status == 303 and headers["Location"] == "/ui/", (status, headers)
-    (set_cookie,) = cookies
-    cookie = set_cookie.split(";", 1)[0]
-    status, _, page, _ = await _get(f"{daemon.url}/ui/", {"Cookie": cookie})
-    assert status == 200
-    found = re.search(r'<meta name="sidecar-csrf" content="([A-Za-z0-9_-]+)">', page)
-    assert found is not None, page
-    return Browser(cookie=cookie, csrf=found.group(1), origin=f"http://127.0.0.1:{daemon.port}")
+    status, body = await _spend(daemon, minted["url"])
+    assert status == 200, body
+    return Browser(secret=body["secret"], origin=f"http://127.0.0.1:{daemon.port}")
 
 
 async def _pending_approval(daemon: Daemon) -> tuple[dict[str, Any], str]:
@@ -84,32 +87,41 @@ async def _pending_approval(daemon: Daemon) -> tuple[dict[str, Any], str]:
     return session, tool_text(result) + "\n" + approval["approval_id"]
 
 
-async def test_the_one_time_link_signs_in_once_and_leaves_the_address_bar(daemon: Daemon) -> None:
+async def test_the_one_time_link_signs_in_once_and_no_page_holds_a_secret(daemon: Daemon) -> None:
     minted = await daemon.control("POST", "/control/console/code")
     assert minted["expires_in"] == 60
-    assert minted["url"].startswith(f"http://127.0.0.1:{daemon.port}/ui/signin?code=")
+    # The code rides in the fragment: never sent to a server, nor in a Referer.
+    assert minted["url"].startswith(f"http://127.0.0.1:{daemon.port}/ui/signin#code=")
+    code = minted["url"].partition("#code=")[2]
 
-    status, headers, _, cookies = await _get(minted["url"])
-    assert status == 303 and headers["Location"] == "/ui/"  # the code is gone from the address bar
-    (cookie,) = cookies
-    name, _, rest = cookie.partition("=")
-    assert name == f"sidecar_console_{daemon.port}"  # cookies ignore ports: the name carries it
-    attributes = {part.strip().split("=")[0].lower() for part in rest.split(";")[1:]}
-    assert {"httponly", "path", "samesite"} <= attributes and "secure" not in attributes
-    assert "Path=/ui" in cookie and "SameSite=Strict" in cookie
+    status, _, page, cookies = await _get(minted["url"].partition("#")[0])
+    assert (status, cookies) == (200, []) and code not in page and "signin.js" in page
+    status, body = await _spend(daemon, minted["url"])
+    assert status == 200 and body["expires_in"] == 12 * 3600 and body["idle_timeout"] == 1800
+    status, _, console, cookies = await _get(f"{daemon.url}/ui/")
+    assert (status, cookies) == (200, []) and body["secret"] not in console
 
-    status, _, page, cookies = await _get(minted["url"])  # the same link again
-    assert status == 403 and cookies == []
-    assert "used already or has expired" in page
+    status, again = await _spend(daemon, minted["url"])  # the same link again
+    assert status == 403 and "used already or has expired" in again["error"]["message"]
     events = [r["event"] for r in daemon.audit_events() if r["event"].startswith("console.")]
     assert events == ["console.code", "console.signin", "console.signin_refused"]
 
 
 async def test_a_made_up_code_or_none_signs_nobody_in(daemon: Daemon) -> None:
-    for query in ("?code=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "", "?code=" + "x" * 5000):
-        status, _, _, cookies = await _get(f"{daemon.url}/ui/signin{query}")
-        assert (status, cookies) == (403, [])
+    for body in ({"code": "A" * 43}, {"code": "x" * 5000}, {}, {"code": 7}):
+        status, answer = await _call(daemon, "POST", "/ui/api/session", _own(daemon), body)
+        assert status in (400, 403) and "secret" not in answer, (body, answer)
     assert not [r for r in daemon.audit_events() if r["event"] == "console.signin"]
+
+
+async def test_a_code_is_spent_only_from_the_consoles_own_page(daemon: Daemon) -> None:
+    # A page elsewhere that learned a code (say, from a browser's command line) cannot spend it.
+    for origin in (None, f"http://127.0.0.1:{daemon.port + 1}", "null"):
+        minted = await daemon.control("POST", "/control/console/code")
+        headers = {"Content-Type": "application/json", **({"Origin": origin} if origin else {})}
+        status, answer = await _spend(daemon, minted["url"], headers)
+        assert status == 403 and "secret" not in answer, (origin, answer)
+    assert not daemon.audit_events("console.signin")
 
 
 async def test_only_the_control_token_mints_a_link(daemon: Daemon) -> None:
@@ -118,16 +130,18 @@ async def test_only_the_control_token_mints_a_link(daemon: Daemon) -> None:
     assert not daemon.audit_events("console.code")
 
 
-async def test_the_page_without_a_cookie_tells_how_to_sign_in(daemon: Daemon) -> None:
-    status, headers, page, _ = await _get(f"{daemon.url}/ui/")
-    assert status == 401 and "sidecar ui" in page and "sidecar-csrf" not in page
-    assert headers["Content-Security-Policy"] == CSP
+async def test_the_api_without_the_secret_tells_how_to_sign_in(daemon: Daemon) -> None:
+    status, body = await _call(daemon, "GET", "/ui/api/overview", {})
+    assert status == 401 and "sidecar ui" in body["error"]["message"]
+    _, headers, page, _ = await _get(f"{daemon.url}/ui/")
+    assert headers["Content-Security-Policy"] == CSP and "console.js" in page
 
 
 async def test_every_console_answer_carries_the_page_headers(daemon: Daemon) -> None:
     browser = await sign_in(daemon)
     for path, headers in (
-        ("/ui/", {"Cookie": browser.cookie}),
+        ("/ui/", {}),
+        ("/ui/signin", {}),
         ("/ui/static/console.js", {}),
         ("/ui/api/overview", browser.headers(origin=None)),
         ("/ui/api/overview", {}),  # an error
@@ -141,7 +155,7 @@ async def test_every_console_answer_carries_the_page_headers(daemon: Daemon) -> 
         assert "Access-Control-Allow-Origin" not in answer, path
 
 
-async def test_an_approval_is_granted_with_cookie_csrf_and_own_origin(daemon: Daemon) -> None:
+async def test_an_approval_is_granted_with_the_secret_and_own_origin(daemon: Daemon) -> None:
     browser = await sign_in(daemon)
     session, text = await _pending_approval(daemon)
     approval_id = text.rsplit("\n", 1)[1]
@@ -167,9 +181,9 @@ async def test_an_approval_is_granted_with_cookie_csrf_and_own_origin(daemon: Da
 @pytest.mark.parametrize(
     ("case", "status"),
     [
-        ("no cookie", 401),
-        ("no CSRF token", 403),
-        ("wrong CSRF token", 403),
+        ("no secret", 401),
+        ("wrong secret", 401),
+        ("the secret as a cookie", 401),
         ("no Origin", 403),
         ("another loopback port's Origin", 403),
         ("Origin null", 403),
@@ -182,9 +196,12 @@ async def test_a_change_without_every_proof_changes_nothing(daemon: Daemon, case
     session, text = await _pending_approval(daemon)
     approval_id = text.rsplit("\n", 1)[1]
     headers = {
-        "no cookie": browser.headers(cookie=False),
-        "no CSRF token": browser.headers(csrf=None),
-        "wrong CSRF token": browser.headers(csrf="A" * 43),
+        "no secret": browser.headers(secret=None),
+        "wrong secret": browser.headers(secret="A" * 43),
+        "the secret as a cookie": {
+            **browser.headers(secret=None),
+            "Cookie": f"sidecar_console_{daemon.port}={browser.secret}",
+        },
         "no Origin": browser.headers(origin=None),
         "another loopback port's Origin": browser.headers(origin=f"http://127.0.0.1:{daemon.port + 1}"),
         "Origin null": browser.headers(origin="null"),
@@ -206,11 +223,11 @@ async def test_a_change_without_every_proof_changes_nothing(daemon: Daemon, case
     assert daemon.audit_events()[before:] == []
 
 
-async def test_reading_the_console_needs_the_csrf_token_too(daemon: Daemon) -> None:
+async def test_reading_the_console_needs_the_secret_too(daemon: Daemon) -> None:
     browser = await sign_in(daemon)
     for path in ("/ui/api/overview", "/ui/api/audit", "/ui/api/connectors/workspace"):
-        status, _ = await _call(daemon, "GET", path, browser.headers(origin=None, csrf=None))
-        assert status == 403, path
+        status, _ = await _call(daemon, "GET", path, browser.headers(origin=None, secret=None))
+        assert status == 401, path
         status, _ = await _call(daemon, "GET", path, browser.headers(origin=None))
         assert status == 200, path
 
@@ -227,20 +244,22 @@ async def test_the_own_origin_opens_the_console_only(daemon: Daemon) -> None:
     assert status == 403
 
 
-async def test_a_console_cookie_of_another_port_is_not_ours(daemon: Daemon) -> None:
+async def test_a_cookie_of_any_name_or_value_neither_signs_in_nor_locks_out(daemon: Daemon) -> None:
+    # Any page on loopback may set cookies for 127.0.0.1 (cookies ignore ports): none of them matters.
     browser = await sign_in(daemon)
-    value = browser.cookie.partition("=")[2]
-    other = f"sidecar_console_{daemon.port + 1}={value}"
-    status, _ = await _call(daemon, "GET", "/ui/api/overview", {**browser.headers(origin=None), "Cookie": other})
+    tossed = {"Cookie": f"sidecar_console_{daemon.port}=junk; sidecar-session=junk"}
+    status, _ = await _call(daemon, "GET", "/ui/api/overview", {**browser.headers(origin=None), **tossed})
+    assert status == 200
+    status, _ = await _call(daemon, "GET", "/ui/api/overview", tossed)
     assert status == 401
 
 
-async def test_signing_out_kills_the_cookie(daemon: Daemon) -> None:
+async def test_signing_out_ends_the_session_on_the_daemon(daemon: Daemon) -> None:
     browser = await sign_in(daemon)
-    status, _ = await _call(daemon, "POST", "/ui/signout", browser.headers())
+    status, _ = await _call(daemon, "POST", "/ui/api/signout", browser.headers())
     assert status == 200
     status, _ = await _call(daemon, "GET", "/ui/api/overview", browser.headers(origin=None))
-    assert status == 401
+    assert status == 401  # wherever the secret was copied to, it is worthless now
 
 
 async def test_a_waiting_call_names_the_console_and_the_command(daemon: Daemon) -> None:

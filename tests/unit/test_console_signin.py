@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.auth.console import CODE_TTL, MAX_CODES, SESSION_TTL, ConsoleSignIn, cookie_name
+from sidecar.auth.console import CODE_TTL, IDLE_TTL, MAX_CODES, SESSION_TTL, ConsoleSignIn
 
 
 class Clock:
@@ -16,10 +16,8 @@ class Clock:
 def test_a_code_signs_in_once() -> None:
     signin = ConsoleSignIn(clock=Clock())
     code = signin.mint_code()
-    first = signin.exchange(code)
-    assert first is not None
-    cookie, session = first
-    assert signin.session(cookie) == session
+    secret = signin.exchange(code)
+    assert secret is not None and signin.session(secret) is not None
     assert signin.exchange(code) is None
 
 
@@ -44,35 +42,37 @@ def test_a_code_just_in_time_works() -> None:
 def test_a_console_session_expires_and_can_be_signed_out() -> None:
     clock = Clock()
     signin = ConsoleSignIn(clock=clock)
-    exchanged = signin.exchange(signin.mint_code())
-    assert exchanged is not None
-    cookie, _ = exchanged
+    secret = signin.exchange(signin.mint_code())
+    assert secret is not None
     clock.now += SESSION_TTL
-    assert signin.session(cookie) is None
-    exchanged = signin.exchange(signin.mint_code())
-    assert exchanged is not None
-    signin.sign_out(exchanged[0])
-    assert signin.session(exchanged[0]) is None
+    assert signin.session(secret) is None
+    secret = signin.exchange(signin.mint_code())
+    assert secret is not None
+    signin.sign_out(secret)
+    assert signin.session(secret) is None
 
 
-def test_codes_cookies_and_tokens_are_distinct_secrets() -> None:
+def test_a_session_in_use_lives_on_and_an_idle_one_ends() -> None:
+    clock = Clock()
+    signin = ConsoleSignIn(clock=clock)
+    secret = signin.exchange(signin.mint_code())
+    assert secret is not None
+    for _ in range(3):  # used just inside the idle bound, again and again: it lives past it
+        clock.now += IDLE_TTL - 1
+        assert signin.session(secret) is not None
+    clock.now += IDLE_TTL
+    assert signin.session(secret) is None
+    clock.now -= IDLE_TTL  # ended for good, not merely hidden
+    assert signin.session(secret) is None
+
+
+def test_codes_and_secrets_are_distinct_and_only_the_exact_secret_works() -> None:
     signin = ConsoleSignIn(clock=Clock())
     code = signin.mint_code()
-    exchanged = signin.exchange(code)
-    assert exchanged is not None
-    cookie, session = exchanged
-    assert len({code, cookie, session.csrf}) == 3 and all(len(v) == 43 for v in (code, cookie, session.csrf))
-    assert signin.session(code) is None and signin.session(session.csrf) is None
-
-
-def test_the_csrf_check_takes_only_the_exact_token() -> None:
-    signin = ConsoleSignIn(clock=Clock())
-    exchanged = signin.exchange(signin.mint_code())
-    assert exchanged is not None
-    session = exchanged[1]
-    assert session.csrf_matches(session.csrf)
-    for wrong in (None, "", session.csrf[:-1], session.csrf + "x", "é" * 43, session.csrf.upper()):
-        assert not session.csrf_matches(wrong)
+    secret = signin.exchange(code)
+    assert secret is not None and secret != code and len(secret) == len(code) == 43
+    for wrong in (code, None, "", secret[:-1], secret + "x", "é" * 43, secret.upper(), "x" * 5000):
+        assert signin.session(wrong) is None, wrong
 
 
 def test_unspent_codes_are_bounded() -> None:
@@ -81,7 +81,3 @@ def test_unspent_codes_are_bounded() -> None:
     for _ in range(MAX_CODES):
         signin.mint_code()
     assert signin.exchange(first) is None  # the oldest made room
-
-
-def test_the_cookie_name_carries_the_port() -> None:
-    assert cookie_name(8765) == "sidecar_console_8765"

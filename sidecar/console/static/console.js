@@ -1,22 +1,24 @@
 // The sidecar console: polls the daemon's /ui/api and renders it. Every value is set with textContent
-// (never as markup); every request carries the CSRF token the daemon put in this page's <meta>.
+// (never as markup); every request carries the session secret the sign-in page left in sessionStorage
+// (this origin's only); the page itself holds none.
 "use strict";
 
 (() => {
-  const csrf = document.querySelector('meta[name="sidecar-csrf"]').content;
+  const secret = sessionStorage.getItem("sidecar-session");
   const POLL_MS = 1500;
   const views = ["connectors", "approvals", "sessions", "audit"];
   const shown = {}; // last rendered JSON per section: a section is redrawn only when it changed
   let auditTimer = null;
 
   async function api(method, path, body) {
-    const init = { method, headers: { "X-Sidecar-CSRF": csrf }, credentials: "same-origin", cache: "no-store" };
+    const init = { method, headers: { "X-Sidecar-Session": secret || "" }, credentials: "omit", cache: "no-store" };
     if (method !== "GET") {
       init.headers["Content-Type"] = "application/json";
       init.body = JSON.stringify(body || {});
     }
     const response = await fetch("/ui/api/" + path, init);
     const data = await response.json().catch(() => null);
+    if (response.status === 401) signedOut();
     if (!response.ok) {
       const why = data && data.error ? data.error.message : "HTTP " + response.status;
       throw new Error(why);
@@ -39,6 +41,7 @@
 
   function say(text, isError) {
     const box = document.getElementById("message");
+    if (!box) return; // signed out: the page is the notice now
     box.textContent = text;
     box.className = isError ? "error" : "";
     box.hidden = !text;
@@ -321,12 +324,29 @@
     delete shown.audit;
     refreshAudit();
   });
+  let poller = null;
+
+  function signedOut() {
+    // Not signed in, signed out, or idle too long: the secret is worthless now; say what to do.
+    sessionStorage.removeItem("sidecar-session");
+    clearInterval(poller);
+    clearInterval(auditTimer);
+    document.body.replaceChildren(
+      el("main", { cls: "notice" },
+        el("h1", { text: "sidecar console" }),
+        el("p", { text: "You are not signed in. Run sidecar ui in a terminal: it opens this console with a one-time link." })));
+  }
+
   document.getElementById("signout").addEventListener("click", async () => {
-    await api("POST", "../signout").catch(() => null);
-    location.reload();
+    await api("POST", "signout").catch(() => null);
+    signedOut();
   });
+  if (!secret) {
+    signedOut();
+    return;
+  }
   window.addEventListener("hashchange", showView);
   showView();
   refresh();
-  setInterval(refresh, POLL_MS);
+  poller = setInterval(refresh, POLL_MS);
 })();
