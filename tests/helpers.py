@@ -106,6 +106,17 @@ def response_head(head: bytes) -> tuple[int, dict[str, str]]:
 # -- the user's connectors ----------------------------------------------------------------------------
 
 
+def copy_echo_server(directory: Path) -> Path:
+    """The echo fixture as a package's ``server.py``, with the fixtures' shared tools beside it (0600)."""
+    server = directory / "server.py"
+    server.write_bytes(ECHO_SERVER.read_bytes())
+    shared = directory / "common_tools.py"
+    shared.write_bytes((FIXTURES / "common_tools.py").read_bytes())
+    for file in (server, shared):
+        file.chmod(0o600)
+    return server
+
+
 def python_server(script: Path, *args: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """An ``mcp.json`` entry that runs ``script`` with this interpreter."""
     entry: dict[str, Any] = {"command": sys.executable, "args": [str(script), *args]}

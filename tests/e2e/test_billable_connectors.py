@@ -10,7 +10,6 @@ makes every tool of its connector ask; ``connectors show`` says which tools cost
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Final
@@ -19,7 +18,7 @@ import pytest
 from mcp import types
 
 from tests.conftest import Daemon, cli_output, mcp_client
-from tests.helpers import ECHO_SERVER, python_server, rest, tool_text, trust
+from tests.helpers import ECHO_SERVER, copy_echo_server, python_server, rest, tool_text, trust
 
 pytestmark = pytest.mark.slow  # the connectors run as processes
 
@@ -54,8 +53,7 @@ def _package(daemon: Daemon) -> Path:
     """Package ``meter``: the echo fixture with LOW tools (so read-only sessions see them) and a manifest."""
     root = daemon.paths.data / "connectors" / "meter"
     root.mkdir(parents=True)
-    shutil.copy(ECHO_SERVER, root / "server.py")
-    (root / "server.py").chmod(0o600)
+    copy_echo_server(root)
     tools = {name: {"risk": "LOW"} for name in ("echo", "argv", "env_keys")}
     _write(root / "connector.json", {"id": "meter", "name": "Meter", "type": "mcp", "tools": tools})
     server = {"command": sys.executable, "args": ["${SIDECAR_CONNECTOR_ROOT}/server.py"]}

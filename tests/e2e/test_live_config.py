@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from sidecar.config import ConnectorSettings, Settings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
-from tests.helpers import tool_text
+from tests.helpers import copy_echo_server, tool_text
 
 pytestmark = pytest.mark.slow  # real connector processes
 
@@ -163,7 +162,7 @@ async def unwatched(tmp_path: Path, workspace: Path) -> AsyncIterator[Daemon]:
     paths = Paths(config=root / "config", state=root / "state", data=root / "data")
     package = paths.data / "connectors" / "echo-pkg"
     package.mkdir(parents=True)
-    shutil.copy(ECHO, package / "server.py")
+    copy_echo_server(package)
     (package / "connector.json").write_text(
         json.dumps({"id": "echo-pkg", "name": "Echo", "description": "Echo.", "version": "1", "type": "mcp"})
     )
