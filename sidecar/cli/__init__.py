@@ -225,7 +225,12 @@ def cmd_connectors_connect(args: argparse.Namespace, paths: Paths) -> int:
     if args.client_secret_file:
         client["client_secret_file"] = str(Path(args.client_secret_file).absolute())
     return connect(
-        _client(paths), args.connector_id, browser=not args.no_browser, timeout=args.timeout, client_info=client or None
+        _client(paths),
+        paths,
+        args.connector_id,
+        browser=not args.no_browser,
+        timeout=args.timeout,
+        client_info=client or None,
     )
 
 

@@ -1,16 +1,18 @@
 """``sidecar ui``: open the web console in the browser with a one-time sign-in link (issue 14 item 1).
 
 The daemon mints the link (``POST /control/console/code`` with the control token, which never reaches
-the browser); it works once, within 60 seconds, and the console drops it from the address bar. The link
-is printed too, for a browser on a machine or in a profile ``webbrowser`` cannot open.
+the browser); it works once, within 60 seconds, and the console drops it from the address bar. The
+browser is given a private file that leads to it, never the link itself (``cli.browser``: a command
+line is readable by every user). ``--no-browser`` prints the link instead, for a browser on a machine
+or in a profile this cannot open.
 """
 
 from __future__ import annotations
 
 import sys
-import webbrowser
 from typing import Any
 
+from sidecar.cli.browser import open_privately, redirect_file
 from sidecar.paths import Paths
 
 __all__ = ["add_ui_command", "cmd_ui"]
@@ -28,8 +30,16 @@ def cmd_ui(args: Any, paths: Paths) -> int:
     from sidecar.cli.client import ControlClient
 
     minted = ControlClient(paths).call("POST", "/control/console/code")
-    url = str(minted["url"])
-    print(f"sidecar console (this link works once, within {minted['expires_in']} s):\n\n  {url}\n", flush=True)
-    if not args.no_browser and not webbrowser.open(url):
-        print("(could not open a browser: open the link above yourself)", file=sys.stderr)
+    url, lifetime = str(minted["url"]), minted["expires_in"]
+    if args.no_browser:
+        print(
+            f"sidecar console (this link works once, within {lifetime} s; it is a secret: whoever opens it "
+            f"first is signed in):\n\n  {url}\n",
+            flush=True,
+        )
+        return 0
+    if not open_privately(paths, "console", url):
+        print("could not open a browser: run sidecar ui --no-browser and open the link yourself", file=sys.stderr)
+        return 1
+    print(f"opening the sidecar console in your browser (through {redirect_file(paths, 'console')})")
     return 0

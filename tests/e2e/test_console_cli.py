@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import urllib.error
 import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -46,3 +50,25 @@ def test_sidecar_ui_without_a_daemon_says_so(daemon_process: DaemonProcess) -> N
     daemon_process.cli("stop")
     result = daemon_process.cli("ui", "--no-browser", check=False)
     assert result.returncode == 1 and "no sidecar daemon is running" in result.stderr
+
+
+def test_sidecar_ui_puts_no_secret_on_the_browsers_command_line(daemon_process: DaemonProcess, tmp_path: Path) -> None:
+    # Every user can read a process's command line (/proc/<pid>/cmdline): the browser gets a private
+    # file that leads to the link, never the link.
+    argv_log = tmp_path / "argv"
+    recorder = tmp_path / "browser.sh"
+    recorder.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {argv_log}\n')
+    recorder.chmod(0o755)
+    daemon_process.env["BROWSER"] = f"{recorder} %s"
+    result = daemon_process.cli("ui")
+    [argument] = argv_log.read_text().splitlines()
+    assert argument.startswith("file://"), argument
+    page = Path(urlsplit(argument).path)
+    info = page.stat()
+    assert (stat.S_IMODE(info.st_mode), info.st_uid) == (0o600, os.getuid())
+    found = re.search(r"location\.replace\((\"[^\"]+\")\)", page.read_text())
+    assert found is not None
+    url = json.loads(found.group(1))
+    code = url.partition("/ui/signin#code=")[2]
+    assert len(code) == 43 and code not in argument + result.stdout + result.stderr
+    assert _spend(url)[0] == 200  # the file leads to the live link
