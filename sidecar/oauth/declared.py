@@ -39,6 +39,8 @@ class UpstreamApi:
     paths: tuple[str, ...]
     """Path prefixes (under ``base_url``'s path) a request may name; ``"/"`` allows every path."""
     methods: tuple[str, ...]
+    headers: tuple[str, ...] = ()
+    """``X-`` request headers the package's requests may carry upstream, lowercase, beyond the standard few."""
 
 
 @dataclass(frozen=True, slots=True)

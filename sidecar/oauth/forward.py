@@ -15,8 +15,12 @@ make one refresh). Then:
 - only an allowlist of response headers comes back: never ``Set-Cookie``, ``Authorization``,
   ``WWW-Authenticate`` or anything else credential-like. No cookie jar: nothing upstream sets is kept.
 
-The request's own headers are an allowlist too (content negotiation, conditionals, ``X-`` API headers
-other than sidecar's own); the connector can send no ``Authorization``, ``Cookie`` or ``Host`` of its own.
+The request's own headers are an allowlist too: content negotiation, conditionals, and the ``X-``
+headers the package declares in ``upstream.headers`` (never sidecar's own, ``X-Forwarded-*``, or one
+that makes a server act on another method or path: ``X-HTTP-Method-Override``, ``X-Method-Override``,
+``X-Original-URL``, ``X-Rewrite-URL``); nothing named in ``Connection`` goes on. The connector can send
+no ``Authorization``, ``Cookie`` or ``Host`` of its own, and no header can step outside its declared
+methods and paths.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ from sidecar.errors import UpstreamFailed
 from sidecar.oauth.grant import NeedsAuthorization
 from sidecar.oauth.target import Target, UpstreamRule
 
-__all__ = ["MAX_RESPONSE_BYTES", "UPSTREAM_TIMEOUT", "Forwarder", "TokenSource", "UpstreamFailed", "UpstreamResponse"]
+__all__ = [
+    "FORBIDDEN_HEADERS",
+    "FORBIDDEN_HEADER_PREFIXES",
+    "MAX_RESPONSE_BYTES", "UPSTREAM_TIMEOUT", "Forwarder", "TokenSource", "UpstreamFailed", "UpstreamResponse"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +62,11 @@ _REQUEST_HEADERS: Final = frozenset(
         "if-unmodified-since",
     }
 )
+FORBIDDEN_HEADERS: Final = frozenset(
+    {"x-http-method-override", "x-http-method", "x-method-override", "x-original-url", "x-rewrite-url"}
+)
+"""Headers some servers and proxies obey as another method or path: never forwarded, never declarable."""
+FORBIDDEN_HEADER_PREFIXES: Final = ("x-sidecar", "x-forwarded")
 _RESPONSE_HEADERS: Final = frozenset(
     {
         "content-type",
@@ -90,14 +102,28 @@ class UpstreamResponse:
     body: bytes
 
 
-def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The connector's headers that may go upstream (allowlist; sidecar's and credentials never)."""
+def request_headers(headers: Mapping[str, str], declared: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The connector's headers that may go upstream: the standard few and the ``declared`` ``X-`` ones.
+
+    Whatever ``Connection`` names is hop-by-hop and stays here; the forbidden ones never pass, declared
+    or not (the manifest refuses them too).
+    """
+    hop = {part.strip().lower() for value in _all(headers, "connection") for part in value.split(",")}
     kept: dict[str, str] = {}
     for name, value in headers.items():
         lower = name.lower()
-        if lower in _REQUEST_HEADERS or (lower.startswith("x-") and not lower.startswith(("x-sidecar", "x-forwarded"))):
+        if lower in hop or lower in FORBIDDEN_HEADERS or lower.startswith(FORBIDDEN_HEADER_PREFIXES):
+            continue
+        if lower in _REQUEST_HEADERS or lower in declared:
             kept[name] = value
     return kept
+
+
+def _all(headers: Mapping[str, str], name: str) -> list[str]:
+    getall = getattr(headers, "getall", None)  # a multidict (the request's) may hold a header twice
+    if callable(getall):
+        return [str(v) for v in getall(name, [])]
+    return [v for k, v in headers.items() if k.lower() == name]
 
 
 def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -141,7 +167,7 @@ class Forwarder:
         token = await keeper.access_token()
         if token is None:
             raise NeedsAuthorization(keeper.connector_id)
-        sent = request_headers(headers)
+        sent = request_headers(headers, rule.headers)
         answer, _ = await self._follow(rule, target, method, sent, body, token)
         if answer.status == 401:
             token = await keeper.rejected(token)  # NeedsAuthorization when no refresh helps

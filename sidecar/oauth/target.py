@@ -43,9 +43,11 @@ class Target:
 
 
 class UpstreamRule:
-    """One package's ``upstream``: base URL, path prefixes, methods."""
+    """One package's ``upstream``: base URL, path prefixes, methods, the ``X-`` headers it may send."""
 
-    def __init__(self, *, base_url: str, paths: Sequence[str], methods: Sequence[str]) -> None:
+    def __init__(
+        self, *, base_url: str, paths: Sequence[str], methods: Sequence[str], headers: Sequence[str] = ()
+    ) -> None:
         parts = urlsplit(base_url)
         self._scheme = parts.scheme.lower()
         self._netloc = parts.netloc.lower()
@@ -53,10 +55,13 @@ class UpstreamRule:
         self._base = f"{parts.scheme}://{parts.netloc}{self._base_path}"
         self._prefixes = tuple(sorted(paths, key=len, reverse=True))
         self.methods = frozenset(methods)
+        self.headers = frozenset(name.lower() for name in headers)
 
     @classmethod
     def of(cls, upstream: UpstreamApi) -> UpstreamRule:
-        return cls(base_url=upstream.base_url, paths=upstream.paths, methods=upstream.methods)
+        return cls(
+            base_url=upstream.base_url, paths=upstream.paths, methods=upstream.methods, headers=upstream.headers
+        )
 
     @property
     def origin(self) -> tuple[str, str]:

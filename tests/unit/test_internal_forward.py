@@ -74,7 +74,10 @@ async def _forward(
     upstream: Upstream, path: str, tokens: Tokens, headers: dict[str, str] | None = None, **kw: Any
 ) -> UpstreamResponse:
     rule = UpstreamRule(
-        base_url=upstream.base + "/api", paths=["/items/", "/big", "/moved", "/escape"], methods=["GET"]
+        base_url=upstream.base + "/api",
+        paths=["/items/", "/big", "/moved", "/escape"],
+        methods=["GET"],
+        headers=["X-GitHub-Api-Version"],
     )
     forwarder = Forwarder(**kw)
     try:
@@ -95,6 +98,36 @@ async def test_the_token_is_attached_and_only_safe_headers_go_either_way(upstrea
     names = {name.lower() for name in answer.headers}
     assert {"etag", "x-ratelimit-limit", "content-type"} <= names
     assert not names & {"set-cookie", "authorization", "www-authenticate"}
+
+
+async def test_only_declared_x_headers_go_and_none_that_rewrites_the_request(upstream: Upstream) -> None:
+    sent = {
+        "X-GitHub-Api-Version": "2022-11-28",  # declared
+        "X-Other": "1",  # not declared
+        "X-HTTP-Method-Override": "DELETE",
+        "X-Method-Override": "DELETE",
+        "X-Original-URL": "/admin",
+        "X-Rewrite-URL": "/admin",
+        "X-Forwarded-For": "10.0.0.1",
+        "If-None-Match": '"e1"',
+        "Connection": "If-None-Match",  # hop-by-hop by name: not forwarded either
+    }
+    await _forward(upstream, "/items/1", Tokens(), sent)
+    got = {name.lower() for name in upstream.seen[-1]["headers"]}
+    assert "x-github-api-version" in got
+    assert not got & {name.lower() for name in sent if name != "X-GitHub-Api-Version"}, got
+
+
+def test_a_package_may_not_declare_a_header_that_rewrites_the_request() -> None:
+    from pydantic import ValidationError
+
+    from sidecar.connectors.manifest.oauth_client import UpstreamFile
+
+    base = {"base_url": "https://api.example.com", "paths": ["/"], "methods": ["GET"]}
+    assert UpstreamFile.model_validate({**base, "headers": ["X-Api-Version"]}).headers == ["x-api-version"]
+    for name in ("X-HTTP-Method-Override", "x-original-url", "X-Sidecar-Context", "X-Forwarded-Host", "Accept", "X-"):
+        with pytest.raises(ValidationError):
+            UpstreamFile.model_validate({**base, "headers": [name]})
 
 
 async def test_a_401_refreshes_once_and_retries_once_then_is_unauthorized(upstream: Upstream) -> None:

@@ -33,6 +33,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 from sidecar.connectors.manifest.fields import ABSENT, GIVEN, ApiBaseUrl, ClientSecret, ScopeToken, Text, Url
 from sidecar.oauth.declared import Provider, UpstreamApi
+from sidecar.oauth.forward import FORBIDDEN_HEADER_PREFIXES, FORBIDDEN_HEADERS
 
 __all__ = ["METHODS", "OAuthClientFile", "UpstreamFile"]
 
@@ -40,6 +41,7 @@ METHODS: Final = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 """What an upstream may allow; never CONNECT, TRACE or OPTIONS (they are no API calls)."""
 _PATH: Final = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:/-]*")  # RFC 3986 pchar without '%' and '@'
 _PARAM: Final = re.compile(r"[A-Za-z0-9._~-]{1,64}")
+_HEADER: Final = re.compile(r"[Xx]-[A-Za-z0-9-]{1,62}")
 _RESERVED_PARAMS: Final = frozenset(
     {
         "response_type",
@@ -65,6 +67,15 @@ def _path_prefix(value: str) -> str:
     return value
 
 
+def _api_header(value: str) -> str:
+    if not _HEADER.fullmatch(value):
+        raise ValueError("must be an X- header name (letters, digits and '-')")
+    lower = value.lower()
+    if lower.startswith(FORBIDDEN_HEADER_PREFIXES) or lower in FORBIDDEN_HEADERS:
+        raise ValueError(f"{value} may never go upstream (it is sidecar's own, or it rewrites the request)")
+    return lower
+
+
 def _authorize_params(params: dict[str, str]) -> dict[str, str]:
     for name, value in params.items():
         if not _PARAM.fullmatch(name):
@@ -77,6 +88,7 @@ def _authorize_params(params: dict[str, str]) -> dict[str, str]:
 
 
 PathPrefix = Annotated[str, AfterValidator(_path_prefix)]
+ApiHeader = Annotated[str, AfterValidator(_api_header)]
 Method = Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -98,6 +110,8 @@ class UpstreamFile(_Model):
     paths: Annotated[list[PathPrefix], Field(min_length=1), AfterValidator(_distinct)]
     """Path prefixes (under ``base_url``'s path) a request may name; ``"/"`` allows every path."""
     methods: Annotated[list[Method], Field(min_length=1), AfterValidator(_distinct)]
+    headers: Annotated[list[ApiHeader], Field(max_length=16), AfterValidator(_distinct)] = []
+    """``X-`` request headers the package's requests send upstream (say ``X-GitHub-Api-Version``)."""
 
     @field_validator("base_url")
     @classmethod
@@ -154,7 +168,9 @@ class OAuthClientFile(_Model):
         """The file as the OAuth side takes it: frozen, typed, the secret never in it."""
         upstream = self.upstream
         return Provider(
-            upstream=UpstreamApi(upstream.base_url, tuple(upstream.paths), tuple(upstream.methods)),
+            upstream=UpstreamApi(
+                upstream.base_url, tuple(upstream.paths), tuple(upstream.methods), tuple(upstream.headers)
+            ),
             issuer=self.issuer,
             metadata_url=self.metadata_url,
             authorization_endpoint=self.authorization_endpoint,
