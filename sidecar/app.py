@@ -66,7 +66,7 @@ from sidecar.auth.encoding import mint_token
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
 from sidecar.auth.owners import watching_owners
-from sidecar.auth.persist import StateJournal
+from sidecar.auth.persist import StateJournal, keeping_saved
 from sidecar.auth.process_credentials import ProcessCredentials
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import Session, SessionStore
@@ -225,7 +225,7 @@ async def _auth(app: web.Application) -> AsyncIterator[None]:
 
     sessions.subscribe(session_event)
     app[CONSOLE] = ConsoleSignIn()  # the web console's one-time codes and browser sessions
-    async with watching_owners(sessions.owned, sessions.end):
+    async with watching_owners(sessions.owned, sessions.end), keeping_saved(journal):
         yield
 
 
