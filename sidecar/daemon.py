@@ -180,6 +180,8 @@ async def serve(
         if dedicated:
             # Before anything is spawned. Only here: a subreaper is process-wide (connectors.orphans).
             ORPHANAGE.activate()
+            # Before the daemon listens; process-wide as well, so never in a process that merely hosts it.
+            tuning.raise_open_files_limit()
         control_token = mint_token()
         runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))
         app = build_app(settings, paths, runtime, registry=registry)

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from sidecar.config import Limits, Settings
 from sidecar.net.frontdoor import ANOTHER_ACCOUNT, OVER_CAP, REFUSED_EVENT
 from sidecar.paths import Paths
 from tests.attackers import OTHER_UID, as_other_user, needs_other_user
-from tests.conftest import Daemon, raw_request, running_daemon
+from tests.conftest import Daemon, DaemonProcess, raw_request, running_daemon
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the peer's account is learned on Linux only")
@@ -135,3 +136,28 @@ async def test_one_account_holds_at_most_connections_per_uid(home: Path, workspa
         assert set(peer["refused_by_reason"]) == {OVER_CAP}
     refused = daemon.audit_events(REFUSED_EVENT)
     assert [(r["uid"], r["reasons"]) for r in refused] == [(os.getuid(), {OVER_CAP: refused[0]["count"]})]
+
+
+async def test_a_daemon_in_the_test_process_leaves_its_open_files_limit_alone(home: Path, workspace: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = soft - 1 if soft == hard else soft  # so that raising it would show
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        async with _daemon(workspace):
+            assert resource.getrlimit(resource.RLIMIT_NOFILE) == (lowered, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _limits_of(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no open-files line in /proc/<pid>/limits")
+
+
+@pytest.mark.slow
+def test_sidecar_serve_raises_its_open_files_limit_to_the_hard_limit(daemon_process: DaemonProcess) -> None:
+    soft, hard = _limits_of(daemon_process.proc.pid)
+    assert soft == hard, (soft, hard)
