@@ -5,7 +5,8 @@ Each subsystem is one ``cleanup_ctx``: it builds its objects from what the earli
 later ones. Start-up runs them in order, teardown in reverse:
 
 1. store — the audit log, the trust store (closed last, so teardown is audited) and the credential store
-   (its key in the OS keyring, else a key file);
+   (its key in the OS keyring, else a key file); then the front door, which refuses connections from
+   other OS accounts at accept and audits them in aggregate (``net.frontdoor``);
 2. auth — in-flight tracking, route tokens, sessions, and the journal that keeps sessions and the tokens
    handed to them across a restart (``auth.persist``); sessions that end with a process are watched;
 3. bus — the tool registry with the built-ins, approvals, the billable gate, the tool service, and the
@@ -42,6 +43,7 @@ from sidecar.appkeys import (
     CONNECTORS,
     CONSOLE,
     CREDENTIAL_STORE,
+    FRONT_DOOR,
     HUB,
     INFLIGHT,
     INTERNAL_API,
@@ -66,7 +68,7 @@ from sidecar.auth.encoding import mint_token
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.middleware import PRINCIPAL, make_auth_middleware
 from sidecar.auth.owners import watching_owners
-from sidecar.auth.persist import StateJournal
+from sidecar.auth.persist import StateJournal, keeping_saved
 from sidecar.auth.process_credentials import ProcessCredentials
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import Session, SessionStore
@@ -94,7 +96,9 @@ from sidecar.edge.rest import RestFacade, add_rest_routes
 from sidecar.errors import NotFound
 from sidecar.http import add_security_headers, error_middleware, json_response
 from sidecar.names import PROXY_ROUTE, is_mcp_endpoint
+from sidecar.net.frontdoor import FrontDoor
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
+from sidecar.net.peer import PeerOwners
 from sidecar.oauth.broker import CALLBACK_PATH, Broker
 from sidecar.oauth.forward import Forwarder
 from sidecar.oauth.target import UpstreamRule
@@ -164,7 +168,7 @@ def build_app(
     app[SETTINGS] = settings
     app[PATHS] = paths
     app[RUNTIME] = runtime
-    app.cleanup_ctx.extend([_store, _auth, _bus(registry or ToolRegistry()), _oauth, _connectors, _edge])
+    app.cleanup_ctx.extend([_store, _front_door, _auth, _bus(registry or ToolRegistry()), _oauth, _connectors, _edge])
     app.on_shutdown.append(_revoke_all)  # before aiohttp waits for open handlers: streams don't hold the stop
     app.on_response_prepare.append(add_vary_origin)
     app.on_response_prepare.append(add_security_headers)
@@ -191,6 +195,21 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     yield
     audit.append("daemon.stop", pid=runtime.pid)
     audit.close()
+
+
+async def _front_door(app: web.Application) -> AsyncIterator[None]:
+    door = app[FRONT_DOOR] = FrontDoor(
+        owners=PeerOwners(), per_uid=app[SETTINGS].limits.connections_per_uid, audit=app[AUDIT].append
+    )
+    if not door.checking:
+        logger.warning(
+            "the peer's OS account is NOT checked: %s; any account on this machine may connect to the daemon's "
+            "port (its route tokens are still required)",
+            door.describe()["reason"],
+        )
+    with door.watching_accept(asyncio.get_running_loop()):
+        yield
+    door.close()  # audits refusals still pending, before the audit log closes
 
 
 async def _auth(app: web.Application) -> AsyncIterator[None]:
@@ -225,7 +244,7 @@ async def _auth(app: web.Application) -> AsyncIterator[None]:
 
     sessions.subscribe(session_event)
     app[CONSOLE] = ConsoleSignIn()  # the web console's one-time codes and browser sessions
-    async with watching_owners(sessions.owned, sessions.end):
+    async with watching_owners(sessions.owned, sessions.end), keeping_saved(journal):
         yield
 
 

@@ -29,6 +29,7 @@ from sidecar.edge.endpoint import McpEndpoint
 from sidecar.edge.internal import InternalApi
 from sidecar.edge.mcp import ChangeHub
 from sidecar.edge.rest import RestFacade
+from sidecar.net.frontdoor import FrontDoor
 from sidecar.oauth.broker import Broker
 from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
@@ -44,6 +45,7 @@ __all__ = [
     "CONNECTORS",
     "CONSOLE",
     "CREDENTIAL_STORE",
+    "FRONT_DOOR",
     "HUB",
     "INFLIGHT",
     "MCP_ENDPOINT",
@@ -85,6 +87,8 @@ AUDIT = web.AppKey("audit", AuditLog)
 AUDIT_CHAIN = web.AppKey("audit_chain", VerifiedChain)
 """The audit log's last verdict, for the console's audit view (walked again only when the log changed)."""
 CREDENTIAL_STORE = web.AppKey("credential_store", CredentialStore)
+FRONT_DOOR = web.AppKey("front_door", FrontDoor)
+"""Who may connect at all: the peer's account and open connections per uid, decided at accept."""
 STATE = web.AppKey("state", StateJournal)
 INFLIGHT = web.AppKey("inflight", InflightTracker)
 ROUTES = web.AppKey("routes", RouteRegistry)

@@ -69,6 +69,13 @@ class Limits(_Frozen):
     keepalive_timeout: float = Field(default=75.0, gt=0, le=3600)
     """Seconds an idle keep-alive connection stays open between requests."""
 
+    connections_per_uid: int = Field(default=1024, ge=4, le=65536)
+    """Most connections one OS account may hold open at once; more are reset at accept, before a byte is
+    read, and counted (``sidecar status``). Only the daemon's own user gets past the peer check (where the
+    platform can tell; elsewhere every connection counts against this one cap). 1024: far more than agents
+    open (a few each), above the hundreds of stalled sockets the head deadline must outlast, and below
+    the descriptors the daemon has once it takes its hard open-files limit."""
+
 
 class McpSettings(_Frozen):
     """The Streamable HTTP endpoint at ``/mcp``."""

@@ -15,7 +15,19 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sidecar import __version__
-from sidecar.appkeys import APPROVALS, AUDIT, BILLING, CONNECTORS, OAUTH, ROUTES, RUNTIME, SESSIONS, SETTINGS, TRUST
+from sidecar.appkeys import (
+    APPROVALS,
+    AUDIT,
+    BILLING,
+    CONNECTORS,
+    FRONT_DOOR,
+    OAUTH,
+    ROUTES,
+    RUNTIME,
+    SESSIONS,
+    SETTINGS,
+    TRUST,
+)
 from sidecar.auth.owners import Owner
 from sidecar.connectors.launch import LaunchContext, launch_plan
 from sidecar.connectors.manager import Connector
@@ -114,6 +126,7 @@ def status_body(app: web.Application) -> dict[str, Any]:
         "pending_approvals": len(app[APPROVALS].list()),
         "billing_problems": header["billing_problems"],
         "trust_store_problem": header["trust_store_problem"],
+        "peer_check": app[FRONT_DOOR].describe(),
     }
 
 

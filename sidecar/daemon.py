@@ -29,7 +29,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -37,7 +37,7 @@ from aiohttp import web
 
 from sidecar import __version__, tuning
 from sidecar.app import build_app
-from sidecar.appkeys import Runtime
+from sidecar.appkeys import FRONT_DOOR, Runtime
 from sidecar.auth.encoding import mint_token, token_digest
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import LOOPBACK_HOST, Settings
@@ -180,10 +180,16 @@ async def serve(
         if dedicated:
             # Before anything is spawned. Only here: a subreaper is process-wide (connectors.stdio.orphans).
             ORPHANAGE.activate()
+            # Before the daemon listens; process-wide as well, so never in a process that merely hosts it.
+            tuning.raise_open_files_limit()
         control_token = mint_token()
         runtime = Runtime(control_token=control_token, control_digest=token_digest(control_token))
         app = build_app(settings, paths, runtime, registry=registry)
         limits = settings.limits
+
+        def admit(transport: asyncio.BaseTransport) -> Callable[[], None] | None:
+            return app[FRONT_DOOR].admit(transport)  # the front door exists once the runner is set up
+
         runner = JsonErrorRunner(
             app,
             handle_signals=False,
@@ -194,6 +200,7 @@ async def serve(
             max_headers=limits.max_headers,
             keepalive_timeout=limits.keepalive_timeout,
             head_timeout=limits.head_read_timeout,
+            admit=admit,  # SECURITY: another account's connection is reset before a byte is read
         )
         # The sweeps reap what the daemon adopted while it runs; at the end (after every connector
         # stopped) whatever it adopted and still runs is killed.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Final, cast
 
 from aiohttp import hdrs, web
@@ -54,6 +55,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+Admit = Callable[[asyncio.BaseTransport], Callable[[], None] | None]
+"""Decides at accept whether a connection may be served; ``None``: it was refused (and reset)."""
 
 MAX_MESSAGE: Final = 1024
 """Characters of an error message in a response; a longer one is cut and ends ``...``. Messages are
@@ -177,9 +181,15 @@ class _Connection(ConnectionHandler):
     """
 
     head_timeout: float = 10.0
+    admit: Admit | None = None
     _head_timer: asyncio.TimerHandle | None = None
+    _release: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if self.admit is not None:
+            self._release = self.admit(transport)
+            if self._release is None:
+                return  # refused and reset at accept (sidecar.net.frontdoor): aiohttp never sees it
         super().connection_made(transport)
         self._arm_head_deadline()
 
@@ -192,8 +202,14 @@ class _Connection(ConnectionHandler):
             self._arm_head_deadline()  # the first bytes of a later request's head
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self.admit is not None and self._release is None:
+            return  # refused at accept: nothing of aiohttp's was set up
         self._disarm_head_deadline()
-        super().connection_lost(exc)
+        try:
+            super().connection_lost(exc)
+        finally:
+            if self._release is not None:
+                self._release()
 
     def _arm_head_deadline(self) -> None:
         self._head_timer = self.event_loop.call_later(self.head_timeout, self._head_expired)
@@ -258,10 +274,16 @@ _RAW_408: Final = _raw_408()
 
 
 class JsonErrorRunner(HandlerRunner):
-    """``web.AppRunner`` whose connections bound the head read and answer parser rejections as JSON."""
+    """``web.AppRunner`` whose connections bound the head read and answer parser rejections as JSON.
 
-    def __init__(self, app: web.Application, *, head_timeout: float, **kwargs: Any) -> None:
+    ``admit`` (``sidecar.net.frontdoor.FrontDoor.admit``) is asked once per connection, before aiohttp
+    sees it: ``None`` means it was refused and reset; otherwise it is called back when the connection ends.
+    """
+
+    def __init__(self, app: web.Application, *, head_timeout: float, admit: Admit | None = None, **kwargs: Any) -> None:
         def configure(connection: ConnectionHandler) -> None:
-            cast(_Connection, connection).head_timeout = head_timeout
+            ours = cast(_Connection, connection)
+            ours.head_timeout = head_timeout
+            ours.admit = admit
 
         super().__init__(app, handler_class=_Connection, configure=configure, **kwargs)

@@ -21,16 +21,34 @@ a process that merely hosts ``serve()`` (the tests) keeps Python's defaults.
   (the SDK's cancelled SSE helper tasks). Measured as instructions per call with
   ``scripts/bench_ab.py --instructions``: the collector's share halves. The garbage waits a little
   longer to be freed: a few hundred kB at most.
+- ``raise_open_files_limit``: the soft ``RLIMIT_NOFILE`` is raised to the hard one before the daemon
+  listens. Every connection, connector pipe and relayed stream is a descriptor, and a soft limit of 1024
+  (a common default) is reached by a few hundred clients with their connectors; past it ``accept`` fails
+  with ``EMFILE``. ``scripts/bench_peer.py`` does the same to hold 10 000 sockets open. The hard limit
+  is the administrator's (``LimitNOFILE=`` in a systemd unit), never exceeded. Connector processes
+  inherit the raised soft limit, as they would under a service manager that sets it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import logging
+import resource
 import sys
 from typing import Final
 
-__all__ = ["GC_THRESHOLDS", "PYTHON_FLAGS", "release_startup_memory", "settle", "settle_collector", "skip_uvicorn"]
+__all__ = [
+    "GC_THRESHOLDS",
+    "PYTHON_FLAGS",
+    "raise_open_files_limit",
+    "release_startup_memory",
+    "settle",
+    "settle_collector",
+    "skip_uvicorn",
+]
+
+logger = logging.getLogger(__name__)
 
 PYTHON_FLAGS: Final = ("-OO",)
 """Interpreter flags of the daemon's process. Connector processes do not inherit them."""
@@ -75,3 +93,22 @@ def settle(*, dedicated: bool) -> None:
     if dedicated:
         release_startup_memory()
         settle_collector()
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; return the soft limit now in force.
+
+    Process-wide: only for a process that exists to be the daemon (``serve(dedicated=True)``), never one
+    that merely hosts it (the tests). Where the hard limit cannot be taken whole (macOS refuses an
+    unlimited one), the soft limit stays as it was, and the log says so.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:
+        logger.warning("cannot raise the open-files limit from %d to %d (%s); keeping %d", soft, hard, exc, soft)
+        return soft
+    logger.info("open-files limit raised from %d to %d", soft, hard)
+    return hard

@@ -40,6 +40,7 @@ def test_precedence_is_defaults_then_file_then_env_then_flags(tmp_path: Path) ->
     [
         ('port = "x"', "port"),
         ("[limits]\nmax_json_depth = 1", "limits.max_json_depth"),
+        ("[limits]\nconnections_per_uid = 0", "limits.connections_per_uid"),
         ('host = "0.0.0.0"', "host"),
         ('allowed_origins = ["http://a.example/path"]', "allowed_origins"),
         ("surprise = 1", "surprise"),

@@ -16,9 +16,15 @@ session expires. Two things make that so, kept in two places:
   daemon (a digest of someone else's token added, an ended session put back) is refused as a whole.
 
 ``session end``, ``routes rotate``, untrusting a connector and expiry change the file at once, so a
-revocation survives a restart; a file that cannot be written is removed (what it held is forgotten:
-fail closed). While the daemon stops it ends its sessions and routes in memory, but the journal is
-closed first (``close``): those ends are the daemon's, not the user's, and are not written.
+revocation survives a restart. **A write that fails never costs the file** (issue 21): out of
+descriptors (``EMFILE`` opening the temp file), a full disk or an unsafe directory leave the previous
+file as it was, and the journal keeps the write pending: it is tried again at the next change, every
+few seconds (``keeping_saved``, bounded back-off) and when the daemon stops. Only if the daemon stops
+with a revocation still unwritten is the file set aside (renamed ``sessions.json.unsaved``, kept for
+the user, never read), so that nothing ended comes back at the next start (fail closed); a pending
+write that only adds (a new session) leaves the file in place. While the daemon stops it ends its
+sessions and routes in memory, but the journal is closed first (``close``): those ends are the
+daemon's, not the user's, and are not written.
 
 A file that is unreadable, corrupt, of another version or not sealed by the daemon, or a key that is
 missing or does not match the file, starts the daemon clean — no session from before the restart —
@@ -28,13 +34,16 @@ with one log line saying why; it never stops the daemon. Everything here is sync
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import logging
+import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -49,9 +58,9 @@ from sidecar.auth.sessions import Mode, Session, validate_pattern
 from sidecar.canonical import canonical_json
 from sidecar.errors import SidecarError, StorageError
 from sidecar.store.credentials import CredentialStore, RecordId
-from sidecar.store.files import read_json, remove_quietly, write_json
+from sidecar.store.files import read_json, write_json
 
-__all__ = ["KEY_RECORD", "STATE_VERSION", "Restored", "StateJournal"]
+__all__ = ["KEY_RECORD", "STATE_VERSION", "Restored", "StateJournal", "keeping_saved"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +69,11 @@ STATE_VERSION: Final = 2
 SEAL_PURPOSE: Final = "sessions.json"
 KEY_RECORD: Final = RecordId(connector="sidecar:sessions", account="envelope-key", issuer="daemon")
 """The credential-store record of the envelope key (``:`` keeps it apart from every connector's)."""
+SET_ASIDE_SUFFIX: Final = ".unsaved"
+"""Where the file goes when the daemon stops with a revocation it could not write (never read back)."""
+RETRY_FIRST: Final = 1.0
+RETRY_LONGEST: Final = 30.0
+"""Seconds between tries of a pending write: doubling from the first to the longest."""
 
 
 class _Model(BaseModel):
@@ -139,6 +153,14 @@ class StateJournal:
         self._sessions: list[Session] = []
         self._tokens: dict[str, list[CarriedToken]] = {}
         self._closed = False
+        self._key_unsaved: dict[str, str] | None = None
+        """A key minted while the credential store refused it: stored before the next file is written."""
+        self._on_disk: dict[str, Any] | None = None
+        """The document last written or read (None: no file of ours yet)."""
+        self._takes_away = False
+        """A pending write ends or narrows something the file on disk still holds."""
+        self.unsaved = False
+        """A change is not on disk yet: the last write failed and is retried."""
 
     # -- start ---------------------------------------------------------------------------------------
 
@@ -174,6 +196,7 @@ class StateJournal:
         if keys is not None:
             self._keys, self._kid = keys, state.kid
         self._sessions, self._tokens = sessions, tokens
+        self._on_disk = data
         logger.info("kept across the restart: %d sessions, tokens of %d routes", len(sessions), len(tokens))
         return Restored(sessions=sessions, keys=keys, tokens=tokens)
 
@@ -201,8 +224,9 @@ class StateJournal:
     # -- the key -------------------------------------------------------------------------------------
 
     def signing_keys(self) -> EnvelopeKeys:
-        """The envelope key: the stored one, or a new one stored now. Should the store fail, a key for this
-        run only, and the journal stops writing (sessions then end with the daemon, as before)."""
+        """The envelope key: the stored one, or a new one stored now. Should the store fail, the key is
+        kept in memory and stored before the file is next written (nothing is written under a key the
+        store does not hold, so until then the file keeps what it held)."""
         with self._lock:
             if self._keys is not None:
                 return self._keys
@@ -210,19 +234,22 @@ class StateJournal:
             if keys is None:
                 kid, key = b64url_encode(secrets.token_bytes(6)), secrets.token_bytes(KEY_BYTES)  # SECURITY: CSPRNG
                 keys = EnvelopeKeys([(kid, key)])
-                secret = {"kid": kid, "key": base64.b64encode(key).decode("ascii")}
+                self._key_unsaved = {"kid": kid, "key": base64.b64encode(key).decode("ascii")}
                 try:
-                    self._credentials.put(KEY_RECORD, secret)
+                    self._store_key()
                 except Exception as exc:
                     logger.warning(
-                        "cannot store the envelope key (%s: %s); sessions will not survive a daemon restart",
+                        "cannot store the envelope key yet (%s: %s); tried again before sessions.json is written",
                         type(exc).__name__,
                         exc,
                     )
-                    self._closed = True
-                    remove_quietly(self.path)
             self._keys, self._kid = keys, keys.signing_kid
             return keys
+
+    def _store_key(self) -> None:
+        if self._key_unsaved is not None:
+            self._credentials.put(KEY_RECORD, self._key_unsaved)
+            self._key_unsaved = None
 
     def _stored_keys(self, *, expected_kid: str | None) -> EnvelopeKeys | None:
         try:
@@ -252,25 +279,68 @@ class StateJournal:
         self._tokens = {name: list(kept) for name, kept in tokens.items()}
         self._write()
 
+    def flush(self) -> bool:
+        """Try a pending write again; True when nothing is pending any more."""
+        if self.unsaved and not self._closed:
+            self._write()
+        return not self.unsaved
+
     def close(self) -> None:
-        """Write nothing more: the daemon is stopping, and what it ends now must be there at the next start."""
+        """Write nothing more: the daemon is stopping, and what it ends now must be there at the next start.
+
+        A write still pending is tried once more first. Should it fail and take something away that the
+        file still holds, the file is set aside (renamed, not deleted) so that it cannot bring it back.
+        """
+        if self._closed:
+            return
+        self.flush()
         self._closed = True
+        if self.unsaved and self._takes_away:
+            self._set_aside()
+
+    def _set_aside(self) -> None:
+        aside = self.path.with_name(self.path.name + SET_ASIDE_SUFFIX)
+        try:
+            os.replace(self.path, aside)  # SECURITY: a rename needs no new descriptor and no disk space
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            logger.error(
+                "cannot set %s aside (%s): it still holds what was ended since; remove it before the next start",
+                self.path,
+                exc,
+            )
+            return
+        logger.error(
+            "%s could not record what was ended since it was last written; set aside as %s so that nothing "
+            "ended comes back: the next start has no session from before it",
+            self.path,
+            aside.name,
+        )
 
     def _write(self) -> None:
         if self._closed:
             return
+        document: dict[str, Any] | None = None
         try:
             document = self._document()
-            if self._closed:  # the key could not be stored: nothing is kept across a restart
-                return
+            self._store_key()  # SECURITY: a file sealed under a key the store does not hold is refused later
             write_json(self.path, document)
-        except (StorageError, OSError) as exc:
-            # SECURITY: a file we cannot update could bring an ended session back: forget it all instead.
-            logger.error("cannot write %s (%s); removing it: sessions will not survive a restart", self.path, exc)
-            try:
-                remove_quietly(self.path)
-            except OSError as again:
-                logger.error("cannot remove %s either (%s): remove it before the next start", self.path, again)
+        except Exception as exc:  # the store may fail in the keyring's own ways
+            if document is not None:
+                self._takes_away = self._takes_away or _takes_away(self._on_disk, document, self._clock())
+            if not self.unsaved:
+                logger.error(
+                    "cannot write %s (%s: %s); it keeps its previous contents, and the write is retried",
+                    self.path,
+                    type(exc).__name__,
+                    exc,
+                )
+            self.unsaved = True
+            return
+        if self.unsaved:
+            logger.info("%s is written again", self.path)
+        self._on_disk, self._takes_away, self.unsaved = document, False, False
 
     def _document(self) -> dict[str, Any]:
         now = self._clock()
@@ -285,6 +355,46 @@ class StateJournal:
         document: dict[str, Any] = {"version": STATE_VERSION, "kid": self._kid, "sessions": sessions, "tokens": tokens}
         document["mac"] = b64url_encode(keys.seal(SEAL_PURPOSE, _sealed_bytes(document))) if keys is not None else None
         return document
+
+
+@contextlib.asynccontextmanager
+async def keeping_saved(journal: StateJournal) -> AsyncIterator[None]:
+    """While inside: a write the journal could not make is tried again, with bounded back-off."""
+
+    async def retry() -> None:
+        delay = RETRY_FIRST
+        while True:
+            await asyncio.sleep(delay)
+            if journal.unsaved:
+                delay = RETRY_FIRST if journal.flush() else min(delay * 2, RETRY_LONGEST)
+
+    task = asyncio.create_task(retry(), name="sessions-journal-retry")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _takes_away(before: Mapping[str, Any] | None, after: Mapping[str, Any], now: float) -> bool:
+    """Whether ``after`` ends or changes a live session, or drops a live token digest, of ``before``."""
+    if before is None:
+        return False
+    sessions_after = {entry["id"]: entry for entry in after.get("sessions", [])}
+    for entry in before.get("sessions", []):
+        if (
+            isinstance(entry, dict)
+            and entry.get("expires_at", 0) > now
+            and sessions_after.get(entry.get("id")) != entry
+        ):
+            return True
+    tokens_after = after.get("tokens", {})
+    for name, kept in (before.get("tokens") or {}).items():
+        digests = {t["digest"] for t in tokens_after.get(name, [])}
+        if any(isinstance(t, dict) and t.get("until", 0) > now and t.get("digest") not in digests for t in kept):
+            return True
+    return False
 
 
 def _sealed_bytes(document: Mapping[str, Any]) -> bytes:

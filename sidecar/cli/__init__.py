@@ -72,6 +72,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
         f"  storage:    {status['storage']['credentials']}"
         + (" (INSECURE)" if status["storage"]["insecure"] else "")
         + f"\n  approvals:  {status['pending_approvals']} pending"
+        + f"\n  peers:      {_peer_check(status['peer_check'])}"
         + "".join(f"\n  BILLING MANIFEST PROBLEM (billable checks ask): {p}" for p in status["billing_problems"])
         + (
             f"\n  TRUST STORE REFUSED (last good trust kept; nothing written): {p}"
@@ -81,6 +82,19 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
     )
     _print(args, status, text)
     return 0
+
+
+def _peer_check(check: dict[str, Any]) -> str:
+    """The front door in one line: whether other accounts are kept out, and what was refused."""
+    refused = f"{check['refused']} connections refused"
+    if check["refused"]:
+        reasons = check["refused_by_reason"].items()
+        refused += " (" + ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in reasons) + ")"
+    if check["accept_pauses"]:
+        refused += f"; accepting paused {check['accept_pauses']} times (out of file descriptors)"
+    if check["checked"]:
+        return f"other OS accounts refused at accept; {refused}"
+    return f"NOT CHECKED ({check['reason']}): any local account may connect; {refused}"
 
 
 def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:

@@ -40,7 +40,13 @@ from sidecar.oauth.target import Target, UpstreamRule
 __all__ = [
     "FORBIDDEN_HEADERS",
     "FORBIDDEN_HEADER_PREFIXES",
-    "MAX_RESPONSE_BYTES", "UPSTREAM_TIMEOUT", "Forwarder", "TokenSource", "UpstreamFailed", "UpstreamResponse"]
+    "MAX_RESPONSE_BYTES",
+    "UPSTREAM_TIMEOUT",
+    "Forwarder",
+    "TokenSource",
+    "UpstreamFailed",
+    "UpstreamResponse",
+]
 
 logger = logging.getLogger(__name__)
 

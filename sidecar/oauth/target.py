@@ -59,9 +59,7 @@ class UpstreamRule:
 
     @classmethod
     def of(cls, upstream: UpstreamApi) -> UpstreamRule:
-        return cls(
-            base_url=upstream.base_url, paths=upstream.paths, methods=upstream.methods, headers=upstream.headers
-        )
+        return cls(base_url=upstream.base_url, paths=upstream.paths, methods=upstream.methods, headers=upstream.headers)
 
     @property
     def origin(self) -> tuple[str, str]:

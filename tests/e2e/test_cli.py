@@ -207,11 +207,13 @@ async def test_serve_writes_runtime_status_reports_and_stop_stops(d: DaemonProce
     text, as_json = (ok(r).stdout for r in cli_all(d.env, ["status"], ["status", "--json"]))
     assert __version__ in text and runtime["url"] in text and str(d.proc.pid) in text
     assert re.search(r"sessions:\s+1\b", text), text
+    assert re.search(r"peers:\s+other OS accounts refused at accept; 0 connections refused", text), text
     status = json.loads(as_json)
     assert status["version"] == __version__
     assert status["pid"] == d.proc.pid
     assert status["url"].startswith(runtime["url"])
     assert status["sessions"] == 1
+    assert status["peer_check"]["checked"] is True and status["peer_check"]["refused"] == 0
     assert runtime["control_token"] not in text + as_json
 
     stopped = ok(d.cli("stop", timeout=CLI_TIMEOUT))

@@ -3,6 +3,7 @@ one disk writer, which never writes into a directory that others may change."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from pathlib import Path
@@ -104,3 +105,30 @@ def test_a_directory_others_may_only_read_is_tightened_not_refused(root: Path) -
     assert (root / "state").stat().st_mode & 0o777 == 0o700
     write_atomic(root / "state" / "runtime.json", b"{}")
     assert (root / "state" / "runtime.json").read_bytes() == b"{}"
+
+
+@pytest.mark.parametrize("failing", ["temp file", "fsync"])
+def test_a_write_that_fails_leaves_the_previous_file_and_no_temp_file(
+    root: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    target = root / "state" / "sessions.json"
+    write_atomic(target, b"previous\n")
+    real_open, real_fsync = os.open, os.fsync
+
+    def open_(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if dir_fd is not None and failing == "temp file":  # the seam: the temp file's open, out of descriptors
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    def fsync(fd: int) -> None:
+        if failing == "fsync":
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match=r"Too many open files|Input/output error"):
+        write_atomic(target, b"next\n")
+    monkeypatch.undo()
+    assert target.read_bytes() == b"previous\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["sessions.json", "sub"]

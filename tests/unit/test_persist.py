@@ -6,12 +6,14 @@ the next daemon builds them (``app._auth``); the daemon itself is restarted in `
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from sidecar.auth.persist import KEY_RECORD, StateJournal
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
 from sidecar.errors import EnvelopeRejected, Unauthorized
+from sidecar.store import files
 from sidecar.store.credentials import CredentialStore, FileKey
 
 ROUTE = "connector-proxy"
@@ -205,25 +208,125 @@ def test_a_lost_key_starts_clean(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         second.sessions.verify(envelope)
 
 
-def test_a_file_that_cannot_be_written_is_removed_so_nothing_ended_comes_back(
+@contextlib.contextmanager
+def _out_of_descriptors() -> Iterator[list[int]]:
+    """The seam: every temp file ``write_atomic`` opens (relative to its directory) fails with EMFILE."""
+    real_open = files.os.open
+    failed: list[int] = []
+
+    def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if dir_fd is not None:
+            failed.append(flags)
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, flags, mode)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(files.os, "open", open_)
+        yield failed
+
+
+def _directory(path: Path) -> dict[str, bytes]:
+    return {entry.name: entry.read_bytes() for entry in sorted(path.iterdir())}
+
+
+def test_a_write_that_fails_leaves_the_file_as_it_was_and_is_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = [NOW]
+    daemon = _start(tmp_path, clock)
+    ended_id, ended, _ = _session(daemon, tmp_path)
+    kept_id, kept, token = _session(daemon, tmp_path)
+    state = daemon.journal.path.parent
+    before = _directory(state)
+    with _out_of_descriptors() as failed, caplog.at_level(logging.ERROR, logger="sidecar.auth.persist"):
+        daemon.sessions.end(ended_id)
+        assert not daemon.journal.flush()  # still out of descriptors: still pending
+    assert failed, "the seam was not reached"
+    assert "keeps its previous contents" in caplog.text
+    assert _directory(state) == before  # the previous file byte for byte, and no temp file left behind
+    assert daemon.journal.unsaved
+
+    assert daemon.journal.flush()  # descriptors are back: the retry writes the whole current state
+    assert not daemon.journal.unsaved
+    _stop(daemon)
+    again = _start(tmp_path, clock)
+    assert [s.id for s in again.sessions.list()] == [kept_id] and _works(again, kept, token)
+    with pytest.raises(EnvelopeRejected):
+        again.sessions.verify(ended)
+
+
+def test_a_revocation_still_unwritten_at_the_stop_is_set_aside_so_nothing_ended_comes_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = [NOW]
     daemon = _start(tmp_path, clock)
     session_id, envelope, _ = _session(daemon, tmp_path)
+    on_disk = daemon.journal.path.read_bytes()
+    with _out_of_descriptors(), caplog.at_level(logging.ERROR, logger="sidecar.auth.persist"):
+        daemon.sessions.end(session_id)
+        assert daemon.journal.path.read_bytes() == on_disk  # kept while the write may still succeed
+        _stop(daemon)
+    assert "set aside" in caplog.text
+    assert not daemon.journal.path.exists()
+    assert (daemon.journal.path.parent / "sessions.json.unsaved").read_bytes() == on_disk  # moved, not deleted
+    again = _start(tmp_path, clock)
+    assert again.sessions.list() == []
+    with pytest.raises(EnvelopeRejected):
+        again.sessions.verify(envelope)
+
+
+def test_a_new_session_still_unwritten_at_the_stop_leaves_the_file_in_place(tmp_path: Path) -> None:
+    clock = [NOW]
+    daemon = _start(tmp_path, clock)
+    kept_id, kept, token = _session(daemon, tmp_path)
+    on_disk = daemon.journal.path.read_bytes()
+    with _out_of_descriptors():
+        _session(daemon, tmp_path)
+        _stop(daemon)
+    assert daemon.journal.path.read_bytes() == on_disk
+    again = _start(tmp_path, clock)
+    assert [s.id for s in again.sessions.list()] == [kept_id] and _works(again, kept, token)
+
+
+def test_an_unsafe_directory_costs_no_file_until_a_revocation_must_be_kept(tmp_path: Path) -> None:
+    clock = [NOW]
+    daemon = _start(tmp_path, clock)
+    session_id, envelope, _ = _session(daemon, tmp_path)
     state = daemon.journal.path.parent
+    on_disk = daemon.journal.path.read_bytes()
     state.chmod(0o777)  # others may write: sidecar refuses to write there
     try:
-        with caplog.at_level(logging.ERROR, logger="sidecar.auth.persist"):
-            daemon.sessions.end(session_id)
-        assert "removing it" in caplog.text
-        assert not daemon.journal.path.exists()
+        daemon.sessions.end(session_id)
+        assert daemon.journal.path.read_bytes() == on_disk and daemon.journal.unsaved
+        _stop(daemon)
     finally:
         state.chmod(0o700)
-    _stop(daemon)
     again = _start(tmp_path, clock)
     with pytest.raises(EnvelopeRejected):
         again.sessions.verify(envelope)
+
+
+def test_an_envelope_key_the_store_refused_is_stored_before_the_file_is_written(tmp_path: Path) -> None:
+    clock = [NOW]
+    daemon = _start(tmp_path, clock)
+    store = daemon.journal._credentials
+    real_put = store.put
+    store_down = [True]
+
+    def put(record: Any, secret: Any) -> None:
+        if store_down[0]:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        real_put(record, secret)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "put", put)
+        session_id, envelope, token = _session(daemon, tmp_path)
+        assert daemon.journal.unsaved and not daemon.journal.path.exists()  # nothing sealed under an unstored key
+        store_down[0] = False
+        assert daemon.journal.flush()
+    _stop(daemon)
+    again = _start(tmp_path, clock)
+    assert [s.id for s in again.sessions.list()] == [session_id] and _works(again, envelope, token)
 
 
 def test_stopping_ends_nothing_on_disk(tmp_path: Path) -> None:
