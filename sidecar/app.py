@@ -51,6 +51,7 @@ from sidecar.appkeys import (
     OAUTH,
     PATHS,
     PROCESS_CREDENTIALS,
+    REFUSALS,
     REGISTRY,
     RELAY_ENDPOINT,
     REST,
@@ -107,6 +108,7 @@ from sidecar.store.audit import AuditLog
 from sidecar.store.auditverify import VerifiedChain
 from sidecar.store.credentials import CredentialStore, DeferredKey
 from sidecar.store.files import ensure_private_dir
+from sidecar.store.tally import AuditTally
 from sidecar.store.trust import TrustStore
 
 __all__ = ["billing_sources", "build_app"]
@@ -207,9 +209,11 @@ async def _front_door(app: web.Application) -> AsyncIterator[None]:
             "port (its route tokens are still required)",
             door.describe()["reason"],
         )
+    refusals = app[REFUSALS] = AuditTally(app[AUDIT].append, "request.refused", key_name="route")
     with door.watching_accept(asyncio.get_running_loop()):
         yield
     door.close()  # audits refusals still pending, before the audit log closes
+    refusals.close()
 
 
 async def _auth(app: web.Application) -> AsyncIterator[None]:
@@ -403,6 +407,8 @@ async def _edge(app: web.Application) -> AsyncIterator[None]:
         keeper=app[OAUTH].keeper,
         forwarder=forwarder,
         audit=app[AUDIT].append,
+        refusals=app[REFUSALS],
+        limits=settings.limits,
     )
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(forwarder.close)

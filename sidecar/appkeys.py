@@ -35,6 +35,7 @@ from sidecar.paths import Paths
 from sidecar.store.audit import AuditLog
 from sidecar.store.auditverify import VerifiedChain
 from sidecar.store.credentials import CredentialStore
+from sidecar.store.tally import AuditTally
 from sidecar.store.trust import TrustStore
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "MCP_ENDPOINT",
     "OAUTH",
     "PATHS",
+    "REFUSALS",
     "REGISTRY",
     "RELAY_ENDPOINT",
     "REST",
@@ -89,6 +91,9 @@ AUDIT_CHAIN = web.AppKey("audit_chain", VerifiedChain)
 CREDENTIAL_STORE = web.AppKey("credential_store", CredentialStore)
 FRONT_DOOR = web.AppKey("front_door", FrontDoor)
 """Who may connect at all: the peer's account and open connections per uid, decided at accept."""
+REFUSALS = web.AppKey("refusals", AuditTally)
+"""Requests refused before any credential was known, counted per route and reason: one audit record per
+route per minute, never one per request (``request.refused``)."""
 STATE = web.AppKey("state", StateJournal)
 INFLIGHT = web.AppKey("inflight", InflightTracker)
 ROUTES = web.AppKey("routes", RouteRegistry)

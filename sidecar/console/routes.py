@@ -28,7 +28,7 @@ from typing import Final
 from aiohttp import hdrs, web
 
 from sidecar import control
-from sidecar.appkeys import AUDIT, CONNECTORS, CONSOLE, RUNTIME, SETTINGS
+from sidecar.appkeys import AUDIT, CONNECTORS, CONSOLE, REFUSALS, RUNTIME, SETTINGS
 from sidecar.auth.console import CODE_TTL, IDLE_TTL, SESSION_TTL, ConsoleSession
 from sidecar.console.views import audit_view, connector_view, overview
 from sidecar.control import connector_body, start_sign_in
@@ -146,7 +146,7 @@ async def api_session(request: web.Request) -> web.Response:
         raise RequestRejected('send {"code": "<the code from the sign-in link>"}')
     secret = app[CONSOLE].exchange(code)
     if secret is None:
-        app[AUDIT].append("console.signin_refused")
+        app[REFUSALS].count("console", "signin_refused")  # one record a minute, never one per try
         raise Forbidden("this sign-in link was used already or has expired: run sidecar ui again")
     app[AUDIT].append("console.signin")
     return json_response(

@@ -33,10 +33,13 @@ from aiohttp import web
 from sidecar.auth.middleware import bearer_token, session_envelope
 from sidecar.auth.process_credentials import ProcessCredential, ProcessCredentials
 from sidecar.auth.sessions import SessionStore
+from sidecar.config import Limits
 from sidecar.errors import NotFound, SidecarError, Unauthorized
+from sidecar.net.body import read_body
 from sidecar.oauth.forward import Forwarder, UpstreamResponse
 from sidecar.oauth.grant import GrantKeeper, NeedsAuthorization
 from sidecar.oauth.target import Target, UpstreamRule
+from sidecar.store.tally import AuditTally
 
 __all__ = ["INTERNAL_ROUTE", "InternalApi"]
 
@@ -60,6 +63,8 @@ class InternalApi:
         keeper: Callable[[str], GrantKeeper],
         forwarder: Forwarder,
         audit: Audit,
+        refusals: AuditTally,
+        limits: Limits,
     ) -> None:
         """``upstream_of(id)``: the connector's upstream rule while it is trusted and has one, else None."""
         self._credentials = credentials
@@ -68,6 +73,8 @@ class InternalApi:
         self._keeper = keeper
         self._forwarder = forwarder
         self._audit = audit
+        self._refusals = refusals
+        self._limits = limits
 
     async def handle(self, request: web.Request) -> web.Response:
         connector_id = request.match_info["connector_id"]
@@ -75,7 +82,12 @@ class InternalApi:
         try:
             answer = await self._handle(request, connector_id, record)
         except SidecarError as exc:
-            self._audit("internal.request", **record, status=exc.status, bytes=0, refused=exc.code)
+            if "session" not in record:
+                # SECURITY: refused before any credential was known: counted, never a record per request
+                # (anyone on loopback could fill the disk), and the id from the URL is not written at all.
+                self._refusals.count("internal", exc.code)
+            else:
+                self._audit("internal.request", **record, status=exc.status, bytes=0, refused=exc.code)
             raise
         self._audit("internal.request", **record, status=answer.status, bytes=len(answer.body))
         return web.Response(status=answer.status, headers=answer.headers, body=answer.body)
@@ -98,7 +110,7 @@ class InternalApi:
             raise Unauthorized(f"connector {connector_id} is no longer trusted, or declares no upstream")
         target = rule.resolve(request.method, tail or "/", raw_query)
         record["path"] = target.template
-        body = await request.read()
+        body = await read_body(request, self._limits, json_body=False)  # the same bounds as every body
         return await self._forward(credential, rule, request, target, body)
 
     async def _forward(

@@ -39,10 +39,9 @@ import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, cast
 
-from sidecar.canonical import utc_timestamp
+from sidecar.store.tally import AuditAppend, AuditTally
 
 __all__ = [
     "ACCEPT_PAUSED",
@@ -82,18 +81,6 @@ class OwnerLookup(Protocol):
     def close(self) -> None: ...
 
 
-class AuditAppend(Protocol):
-    def __call__(self, event: str, /, **fields: Any) -> object: ...
-
-
-@dataclass
-class _Window:
-    """One uid's refusals since its first in the current window."""
-
-    since: str
-    reasons: Counter[str] = field(default_factory=Counter)
-
-
 class FrontDoor:
     """Admits or refuses each accepted connection; counts and audits the refusals in aggregate."""
 
@@ -110,14 +97,12 @@ class FrontDoor:
             raise ValueError("per_uid must be at least 1")
         self._owners = owners
         self._per_uid = per_uid
-        self._audit = audit
         self._uid = os.getuid() if uid is None else uid
         self._window = window
         self._open: Counter[int | None] = Counter()
-        self._pending: dict[int | None, _Window] = {}
-        self._flush_timer: asyncio.TimerHandle | None = None
+        self._refusals = AuditTally(audit, REFUSED_EVENT, key_name="uid", window=window)
         self._pause_logged_at: float | None = None
-        self.refused: Counter[str] = Counter()
+        self.refused = self._refusals.total
         """Connections refused since start, by reason (``sidecar status``)."""
         self.accept_pauses = 0
         """Times accepting paused because the daemon or the system was out of descriptors."""
@@ -179,14 +164,8 @@ class FrontDoor:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
         cast(asyncio.Transport, transport).abort()
-        self.refused[reason] += 1
-        window = self._pending.get(uid)
-        if window is None:
-            window = self._pending[uid] = _Window(since=utc_timestamp())
+        if self._refusals.count(uid, reason):
             self._log_first(uid, reason)
-            if self._flush_timer is None:
-                self._flush_timer = asyncio.get_running_loop().call_later(self._window, self._flush_window)
-        window.reasons[reason] += 1
 
     def _log_first(self, uid: int | None, reason: str) -> None:
         """One line per uid per window: why, and what to do; the rest are counted."""
@@ -210,31 +189,13 @@ class FrontDoor:
                 later,
             )
 
-    def _flush_window(self) -> None:
-        self._flush_timer = None
-        self.flush()
-
     def flush(self) -> None:
         """Write one ``peer.refused`` record per uid refused since the last flush."""
-        pending, self._pending = self._pending, {}
-        for uid, window in pending.items():
-            try:
-                self._audit(
-                    REFUSED_EVENT,
-                    uid=uid,
-                    count=sum(window.reasons.values()),
-                    reasons=dict(sorted(window.reasons.items())),
-                    since=window.since,
-                )
-            except Exception as exc:  # a full disk must not take the accept path down with it
-                logger.error("cannot audit %d refused connections of uid %s: %s", window.reasons.total(), uid, exc)
+        self._refusals.flush()
 
     def close(self) -> None:
         """Audit what is pending and stop the timer (the daemon stops; the audit log closes after this)."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        self.flush()
+        self._refusals.close()
         self._owners.close()
 
     # -- out of descriptors at accept ----------------------------------------------------------------
