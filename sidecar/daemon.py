@@ -120,7 +120,7 @@ async def _run(
                 "version": __version__,
             },
         )
-        logger.info("sidecar %s listening on %s/mcp", __version__, url)
+        logger.info("sidecar %s ready: listening on %s/mcp (stop it with Ctrl-C or sidecar stop)", __version__, url)
         tuning.settle(dedicated=dedicated)
         if ready is not None:
             ready.set()

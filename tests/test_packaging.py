@@ -7,8 +7,12 @@ and starts the daemon from it; these check the checkout's side of the same arran
 from __future__ import annotations
 
 import glob
+import os
+import subprocess
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from sidecar import app
 
@@ -38,3 +42,23 @@ def test_the_package_data_names_every_shipped_file() -> None:
     ]
     assert len(shipped) >= 5  # the settings, the billing manifest, the workspace connector's files
     assert [str(p.relative_to(REPO)) for p in shipped if p.resolve() not in packaged] == []
+
+
+@pytest.mark.slow
+def test_the_first_scripts_run_says_what_it_does_and_hides_setuptools_noise(tmp_path: Path) -> None:
+    # A fresh virtual environment, as on a newcomer's first run: each step is named, and the editable
+    # install's "be careful" warning (expected) is not shown.
+    env = {**os.environ, "SIDECAR_VENV": str(tmp_path / "venv"), "SIDECAR_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "run"), "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("sidecar: ")]
+    assert [line.split()[1] for line in lines] == ["creating", "installing", "installed"], result.stderr
+    assert "careful" not in result.stderr and "Editable" not in result.stderr, result.stderr
+    assert "usage: sidecar serve" in result.stdout
