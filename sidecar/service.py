@@ -51,13 +51,15 @@ _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _C_ESCAPES: Final = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ServiceResult:
     """What ``install``/``uninstall`` did: the unit file, the commands run, and what went wrong."""
 
     path: Path
     ran: list[list[str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    manager_failed: bool = False
+    """The service manager was missing or refused a command: the file is there, the service is not."""
 
 
 # --- rendering ----------------------------------------------------------------------------------------
@@ -175,12 +177,14 @@ def _run_all(
             status = run(argv)
         except FileNotFoundError:
             result.warnings.append(f"{argv[0]} not found; run by hand: " + _commands_text(commands[index:]))
+            result.manager_failed = True
             return False
         except (OSError, subprocess.SubprocessError) as exc:
             status, reason = -1, f"failed ({exc.__class__.__name__}: {exc})"
         else:
             reason = f"exited with status {status}"
         if status != 0 and argv not in may_fail:
+            result.manager_failed = True
             result.warnings.append(f"`{shlex.join(argv)}` {reason}")
             if commands[index + 1 :]:
                 result.warnings.append("not run: " + _commands_text(commands[index + 1 :]))

@@ -347,9 +347,19 @@ def cmd_service(args: argparse.Namespace, paths: Paths) -> int:
     from sidecar import service
 
     result = service.install() if args.action == "install" else service.uninstall()
-    print(f"{args.action}ed {result.path}" if args.action == "install" else f"removed {result.path}")
+    done = f"wrote {result.path}" if args.action == "install" else f"removed {result.path}"
     for warning in result.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    if result.manager_failed:
+        # The file alone does nothing: say so, and what to do, instead of "installed".
+        print(
+            f"{done}, but the service manager did not take it (above): run those commands yourself once it is "
+            "available (a session without a user manager, such as a container or an SSH login without "
+            "lingering, has none: `loginctl enable-linger` gives one)",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{done}; the service is {'installed and started' if args.action == 'install' else 'stopped and removed'}")
     return 0
 
 

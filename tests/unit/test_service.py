@@ -324,3 +324,29 @@ def test_every_way_of_running_the_daemon_uses_the_same_interpreter_flags() -> No
     assert serve_argv("/py") == ["/py", *DAEMON_PYTHON_FLAGS, "-m", "sidecar", "serve"]
     run = (Path(__file__).resolve().parents[2] / "scripts" / "run").read_text()
     assert f'"$VENV/bin/python" {" ".join(DAEMON_PYTHON_FLAGS)} -m sidecar serve' in run
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the systemd unit is Linux's")
+def test_install_exits_non_zero_and_says_what_to_do_when_the_service_manager_fails(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"  # a user manager that refuses, as in a container or an SSH login
+    systemctl.write_text("#!/bin/sh\necho 'Failed to connect to bus' >&2\nexit 1\n")
+    systemctl.chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": f"{bin_dir}:/usr/bin:/bin", "SIDECAR_HOME": str(tmp_path / "sc")}
+    completed = subprocess.run(
+        [sys.executable, "-m", "sidecar", "service", "install"], env=env, capture_output=True, text=True, check=False
+    )
+    assert completed.returncode == 1, (completed.stdout, completed.stderr)
+    assert "installed" not in completed.stdout
+    assert "service manager did not take it" in completed.stderr
+    assert "exited with status 1" in completed.stderr
+    assert (tmp_path / ".config" / "systemd" / "user" / "sidecar.service").exists()  # the file is written
+
+    bin_dir.joinpath("systemctl").write_text("#!/bin/sh\nexit 0\n")
+    completed = subprocess.run(
+        [sys.executable, "-m", "sidecar", "service", "install"], env=env, capture_output=True, text=True, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "installed and started" in completed.stdout
