@@ -318,29 +318,11 @@ def cmd_audit(args: argparse.Namespace, paths: Paths) -> int:
         )
         _print(args, data, text)
         return 0 if report.ok else 1
-    return _tail(paths.audit_file, follow=args.follow)
+    from sidecar.cli.auditlog import human_line, tail
 
-
-def _tail(path: Path, *, follow: bool) -> int:
-    try:
-        handle = path.open("r", encoding="utf-8")
-    except FileNotFoundError:
-        if not follow:
-            print("no audit records yet")
-            return 0
-        while not path.exists():
-            time.sleep(0.2)
-        handle = path.open("r", encoding="utf-8")
-    with handle:
-        while True:
-            line = handle.readline()
-            if line:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            elif follow:
-                time.sleep(0.2)
-            else:
-                return 0
+    return tail(
+        paths.audit_file, follow=args.follow, render=(lambda line: line.rstrip("\n")) if args.json else human_line
+    )
 
 
 def cmd_service(args: argparse.Namespace, paths: Paths) -> int:
@@ -457,7 +439,13 @@ def _access_commands(sub: Any) -> None:
     deny = _command(approvals, "deny", cmd_approvals_deny, "deny a pending call", json=True)
     deny.add_argument("approval_id")
 
-    audit = _command(sub, "audit", cmd_audit, "print the audit log, follow it, or verify its chain", json=True)
+    audit = _command(
+        sub,
+        "audit",
+        cmd_audit,
+        "print the audit log (one line per record; --json: as written), follow it, or verify its chain",
+        json=True,
+    )
     audit.add_argument("--follow", action="store_true")
     audit.add_argument("--verify", action="store_true")
 

@@ -530,9 +530,12 @@ async def test_audit_records_activity_without_secrets_and_verify_detects_an_edit
     envelope = raw["headers"]["X-Sidecar-Context"]
     control_token = runtime_of(d)["control_token"]
 
-    verified, printed = cli_all(d.env, ["audit", "--verify"], ["audit"])  # while the daemon writes the log
-    assert "ok" in ok(verified).stdout
+    verified, printed, readable = cli_all(d.env, ["audit", "--verify"], ["audit", "--json"], ["audit"])
+    assert "ok" in ok(verified).stdout  # (verified while the daemon writes the log)
     records = [json.loads(line) for line in ok(printed).stdout.splitlines() if line.strip()]
+    lines = ok(readable).stdout.splitlines()
+    assert lines and not any(line.startswith("{") for line in lines)
+    assert any(" tool.call " in line and "tool=calculate" in line and "outcome=ok" in line for line in lines)
     events = [r["event"] for r in records]
     assert {"session.created", "token.mint", "tool.call"} <= set(events), events
     call = next(r for r in records if r["event"] == "tool.call")
