@@ -22,6 +22,7 @@ from sidecar.appkeys import (
     CONNECTORS,
     FRONT_DOOR,
     OAUTH,
+    REGISTRY,
     ROUTES,
     RUNTIME,
     SESSIONS,
@@ -252,7 +253,9 @@ async def show_connector(request: web.Request) -> web.Response:
     service = request.app[CONNECTORS]
     service.manager.refresh()
     connector = service.manager.get(request.match_info["connector_id"])
-    return json_response(connector_body(request.app, connector, detail=True))
+    body = connector_body(request.app, connector, detail=True)
+    body["tools"] = connector_tools(request.app, connector.id)
+    return json_response(body)
 
 
 async def trust_connector(request: web.Request) -> web.Response:
@@ -274,9 +277,25 @@ async def install_connector(request: web.Request) -> web.Response:
 
 
 def connector_body(app: web.Application, connector: Connector, *, detail: bool = False) -> dict[str, Any]:
-    """A connector as the control API shows it, with its sign-in state (``auth``, ``auth_reason``)."""
+    """A connector as the control API shows it, with its sign-in state (``auth``, ``auth_reason``) and
+    whether its tools are being learned now (``learning_tools``: a probe runs just after trust)."""
     declared = connector.spec.launch.oauth is not None
-    return {**app[CONNECTORS].public(connector, detail=detail), **app[OAUTH].public(connector.id, declared=declared)}
+    return {
+        **app[CONNECTORS].public(connector, detail=detail),
+        **app[OAUTH].public(connector.id, declared=declared),
+        "learning_tools": app[CONNECTORS].tools.learning(connector.id),
+    }
+
+
+def connector_tools(app: web.Application, connector_id: str) -> list[dict[str, Any]]:
+    """A connector's tools with their risks, whatever its source: as registered (trusted), else as its
+    manifest declares them."""
+    names = app[CONNECTORS].tools.registered(connector_id)
+    registry = app[REGISTRY]
+    if names:
+        return [{"name": name, "risk": tool.risk.value} for name in names if (tool := registry.get(name)) is not None]
+    declared = app[CONNECTORS].manager.get(connector_id).spec.tool_risks
+    return [{"name": name, "risk": risk} for name, risk in sorted(declared.items())]
 
 
 async def connect_connector(request: web.Request) -> web.Response:

@@ -203,8 +203,17 @@ def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
     c = _client(paths).call("GET", f"/control/connectors/{args.connector_id}")
-    shown = {k: v for k, v in c.items() if k not in ("last_failure", "billable")}
+    apart = ("last_failure", "billable", "tools", "learning_tools", "tool_risks")
+    shown = {k: v for k, v in c.items() if k not in apart}
     lines = [f"{k:<12} {v}" for k, v in shown.items() if v not in (None, [], {})]
+    tools = c.get("tools") or []
+    if c.get("learning_tools"):
+        lines.append("tools        learning them now (it was just trusted): show it again in a moment")
+    elif tools:
+        lines.append("tools        (risk, name)")
+        lines += [f"  {t['risk']:<6} {t['name']}" for t in tools]
+    else:
+        lines.append("tools        " + ("none" if c.get("state") == "trusted" else "learned when it is trusted"))
     billable = c.get("billable") or {}
     if billable:
         lines.append("billable     every call asks, in every mode:")

@@ -131,6 +131,7 @@ class ConnectorTools:
         self._defs: dict[str, dict[str, Mapping[str, Any]]] = {}  # connector id -> tool -> definition
         self._checked: weakref.WeakSet[Any] = weakref.WeakSet()  # client sessions already drift-checked
         self._offers: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
+        self._learning: set[str] = set()
         self._notify_drift = notify_drift
 
     # -- registration --------------------------------------------------------------------------
@@ -158,7 +159,11 @@ class ConnectorTools:
 
     async def learn(self, connector: Connector) -> list[Mapping[str, Any]]:
         """Probe a freshly trusted connector for its tools, cache them, approve their fingerprints."""
-        offers = await self._probe(connector.spec)
+        self._learning.add(connector.id)
+        try:
+            offers = await self._probe(connector.spec)
+        finally:
+            self._learning.discard(connector.id)
         tools = offers["tools"]
         problems = [
             f"{t['name']}: name too long as {connector_tool(connector.id, t['name'])}"
@@ -246,6 +251,10 @@ class ConnectorTools:
         self._specs.pop(connector_id, None)
         if self._billing is not None:
             self._billing.cover(connector_route(connector_id), [])
+
+    def learning(self, connector_id: str) -> bool:
+        """Whether the connector's tools are being learned now (a probe just after trust)."""
+        return connector_id in self._learning
 
     def registered(self, connector_id: str) -> list[str]:
         """The pool names of a connector's tools, as registered now (none unless it is trusted)."""

@@ -17,10 +17,9 @@ from typing import Any, Final
 from aiohttp import web
 
 from sidecar.appkeys import APPROVALS, AUDIT_CHAIN, CONNECTORS, HUB, PATHS, REGISTRY, SESSIONS, TRUST
-from sidecar.bus.registry import ToolRegistry
 from sidecar.connectors.manager import Connector
 from sidecar.connectors.manifest.trustkey import package_digest
-from sidecar.control import connector_body, status_header
+from sidecar.control import connector_body, connector_tools, status_header
 from sidecar.errors import ConfigError
 
 __all__ = ["AUDIT_LIMIT", "audit_view", "connector_view", "overview"]
@@ -54,22 +53,13 @@ def overview(app: web.Application) -> dict[str, Any]:
     return {
         "status": {key: value for key, value in header.items() if key != "started_at"},
         "connectors": [
-            {**body, "tools": _tools(app, registry, body["id"])}
+            {**body, "tools": connector_tools(app, body["id"])}
             for body in (connector_body(app, c) for c in app[CONNECTORS].manager.list())
         ],
         "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
         "approvals": approvals,
         "sessions": [{**s.public(), "clients": hub.clients(s.id)} for s in sessions.values()],
     }
-
-
-def _tools(app: web.Application, registry: ToolRegistry, connector_id: str) -> list[dict[str, Any]]:
-    """A connector's tools with their risks: as registered (trusted), else as its manifest declares them."""
-    names = app[CONNECTORS].tools.registered(connector_id)
-    if names:
-        return [{"name": name, "risk": tool.risk.value} for name in names if (tool := registry.get(name)) is not None]
-    declared = app[CONNECTORS].manager.get(connector_id).spec.tool_risks
-    return [{"name": name, "risk": risk} for name, risk in sorted(declared.items())]
 
 
 async def connector_view(app: web.Application, connector_id: str) -> dict[str, Any]:
@@ -79,7 +69,7 @@ async def connector_view(app: web.Application, connector_id: str) -> dict[str, A
     service.manager.refresh()  # the config as it is on disk now: what trusting it would trust
     connector = service.manager.get(connector_id)
     body = connector_body(app, connector, detail=True)
-    body["tools"] = _tools(app, app[REGISTRY], connector_id)
+    body["tools"] = connector_tools(app, connector_id)
     body["package_digest"] = await _package_digest(connector)
     earlier = app[TRUST].records_named(connector_id)
     body["trusted_keys"] = [{"key": r.key, "trusted_at": r.trusted_at} for r in earlier]

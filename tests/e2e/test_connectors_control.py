@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Daemon, mcp_client, sidecar_env
+from tests.conftest import Daemon, cli_output, mcp_client, sidecar_env
 from tests.helpers import ECHO_SERVER, python_server, trust, write_user_servers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -224,3 +224,33 @@ async def test_a_relayed_connector_that_dies_mid_call_shows_the_session_and_its_
             while (failure := (await daemon.control("GET", "/control/connectors/dying"))["last_failure"]) is None:
                 await asyncio.sleep(0.05)
     _assert_last_words(failure, session_id=session["session_id"])
+
+
+@pytest.mark.slow
+async def test_show_lists_a_user_servers_tools_with_their_risk_and_says_while_it_learns_them(
+    daemon: Daemon, home: Path, tmp_path: Path
+) -> None:
+    # The server answers only once the gate exists, so the probe after Trust is seen in flight.
+    gate = tmp_path / "gate"
+    script = (
+        "import pathlib, runpy, sys, time\n"
+        f"while not pathlib.Path({str(gate)!r}).exists(): time.sleep(0.02)\n"
+        f"sys.path.insert(0, {str(ECHO_SERVER.parent)!r})\n"
+        f"runpy.run_path({str(ECHO_SERVER)!r}, run_name='__main__')\n"
+    )
+    write_user_servers(daemon, {"echo": {"command": sys.executable, "args": ["-c", script]}})
+    before = await cli_output(home, "connectors", "show", "echo")
+    assert "tools        learned when it is trusted" in before
+    trusting = asyncio.create_task(daemon.control("POST", "/control/connectors/echo/trust"))
+    async with asyncio.timeout(BOUND):
+        while not (await daemon.control("GET", "/control/connectors/echo"))["learning_tools"]:
+            await asyncio.sleep(0.05)
+    assert "learning them now" in await cli_output(home, "connectors", "show", "echo")
+    gate.touch()
+    async with asyncio.timeout(BOUND):
+        assert (await trusting)["state"] == "trusted"
+    shown = await cli_output(home, "connectors", "show", "echo")
+    assert "  MEDIUM mcp__echo__echo" in shown and "  MEDIUM mcp__echo__crash" in shown, shown
+    listed = await daemon.control("GET", "/control/connectors/echo")
+    assert listed["learning_tools"] is False
+    assert {"name": "mcp__echo__echo", "risk": "MEDIUM"} in listed["tools"]

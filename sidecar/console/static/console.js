@@ -109,7 +109,10 @@
     for (const t of c.tools) {
       tools.append(el("span", { cls: "tool" }, el("span", { cls: "risk risk-" + t.risk, text: t.risk }), el("code", { text: t.name })));
     }
-    if (!c.tools.length) tools.append(el("span", { cls: "muted", text: c.state === "trusted" ? "none" : "learned when trusted" }));
+    if (!c.tools.length) {
+      const why = c.learning_tools ? "learning tools…" : c.state === "trusted" ? "none" : "learned when trusted";
+      tools.append(el("span", { cls: "muted", text: why }));
+    }
     const actions = el("td");
     if (c.state !== "trusted") {
       actions.append(el("button", { text: "Review trust", onclick: () => openTrust(c.id) }));
