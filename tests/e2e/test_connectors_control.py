@@ -254,3 +254,21 @@ async def test_show_lists_a_user_servers_tools_with_their_risk_and_says_while_it
     listed = await daemon.control("GET", "/control/connectors/echo")
     assert listed["learning_tools"] is False
     assert {"name": "mcp__echo__echo", "risk": "MEDIUM"} in listed["tools"]
+
+
+@pytest.mark.slow
+async def test_a_user_server_declares_its_tools_risk_and_a_change_of_it_needs_trust_again(daemon: Daemon) -> None:
+    low = {**python_server(ECHO_SERVER), "tools": {"echo": {"risk": "LOW"}, "crash": {"risk": "HIGH"}}}
+    write_user_servers(daemon, {"echo": low})
+    await trust(daemon, "echo")
+    session = await daemon.new_session(mode="read-only", allow=["mcp__echo__*"])
+    async with mcp_client(session) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        ran = await client.call_tool("mcp__echo__echo", {"text": "low"})
+    assert "mcp__echo__echo" in names and "mcp__echo__crash" not in names  # HIGH is never exposed
+    assert "mcp__echo__sleep" not in names  # undeclared: MEDIUM, not for a read-only session
+    assert not ran.is_error
+    # Declaring a tool less risky would let it run unasked: it is another config, to be trusted again.
+    write_user_servers(daemon, {"echo": {**low, "tools": {"echo": {"risk": "LOW"}, "sleep": {"risk": "LOW"}}}})
+    listing = await daemon.control("GET", "/control/connectors")
+    assert {c["id"]: c["state"] for c in listing["connectors"]}["echo"] == "changed"

@@ -341,3 +341,26 @@ def test_a_fifo_in_a_package_is_refused_rather_than_read(package: Path) -> None:
     os.mkfifo(package / "pipe")
     with pytest.raises(ConfigError, match="not a regular file"):
         package_digest(package)
+
+
+def test_a_user_entrys_tool_risks_are_declared_and_part_of_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    keys = []
+    for risks in (None, {"read": {"risk": "LOW"}}, {"read": {"risk": "MEDIUM"}}):
+        entry: dict[str, object] = {"command": "x", **({"tools": risks} if risks else {})}
+        _write(path, {"mcpServers": {"s": entry}})
+        (spec,), problems = load_user_servers(path)
+        assert problems == []
+        keys.append(trust_key(spec))
+        assert dict(spec.tool_risks) == {name: tier["risk"] for name, tier in (risks or {}).items()}
+    assert len(set(keys)) == 3  # making a tool LOW (it would run unasked) needs trust again
+
+
+def test_a_package_declares_tool_risks_in_its_connector_file_not_its_mcp_json(package: Path) -> None:
+    mcp = package / "mcp.json"
+    servers = json.loads(mcp.read_text())
+    (entry,) = servers["mcpServers"].values()
+    entry["tools"] = {"read": {"risk": "LOW"}}
+    mcp.write_text(json.dumps(servers))
+    with pytest.raises(ConfigError, match=r"declares its tools' risk in connector\.json"):
+        load_package(package)

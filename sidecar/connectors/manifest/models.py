@@ -80,6 +80,12 @@ class _Model(BaseModel):
 # ---------------------------------------------------------------------------------------------- entries
 
 
+class ToolEntry(_Model):
+    """How risky one of a package's tools is; unlisted tools get the default tier."""
+
+    risk: Risk
+
+
 class _Entry(_Model):
     """Keys agent hosts add to an entry (accepted and ignored, but for ``disabled``), and sidecar's own."""
 
@@ -98,6 +104,9 @@ class _Entry(_Model):
     process: ProcessMode | None = None
     """``"shared"``: one process serves every session (a stdio entry with nothing per session in it);
     unset or ``"session"``: a process per session. A package declares this in ``connector.json``."""
+    tools: dict[ToolName, ToolEntry] | None = None
+    """Tool name → risk tier, as a package's ``connector.json`` has it (unlisted tools are MEDIUM); part of
+    the trust key. A package declares this in ``connector.json``."""
 
     @field_validator("disabled")
     @classmethod
@@ -111,6 +120,15 @@ class _Entry(_Model):
     def _package_declares_network_in_its_connector_file(cls, value: bool | None, info: ValidationInfo) -> bool | None:
         if value is not None and context_of(info).kind == "package":
             raise ValueError('a package declares this in connector.json ("network": false)')
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _package_declares_tools_in_its_connector_file(
+        cls, value: dict[str, ToolEntry] | None, info: ValidationInfo
+    ) -> dict[str, ToolEntry] | None:
+        if value is not None and context_of(info).kind == "package":
+            raise ValueError('a package declares its tools\' risk in connector.json ("tools")')
         return value
 
     @field_validator("process")
@@ -275,12 +293,6 @@ class PackageServersFile(ServersFile):
     """A package's ``mcp.json``: the same shape, with exactly one server."""
 
     mcp_servers: OneServer = Field(default_factory=dict, alias="mcpServers", validate_default=True)
-
-
-class ToolEntry(_Model):
-    """How risky one of a package's tools is; unlisted tools get the default tier."""
-
-    risk: Risk
 
 
 class ConnectorFile(_Model):

@@ -262,7 +262,7 @@ def _server_spec(
     file_default: bool | list[str] | None,
     **extra: Any,
 ) -> ConnectorSpec:
-    """A spec for a server without a package: no tool risks (defaults apply), no OAuth client."""
+    """A spec for a server without a package: the tool risks its entry declares, no OAuth client."""
     fields: dict[str, Any] = {"description": "", "version": None, "root": None, "billing_manifest": None}
     fields.update(extra)
     return ConnectorSpec(
@@ -272,7 +272,7 @@ def _server_spec(
         examples=(),
         launch=_launch(entry),
         origin=origin,
-        tool_risks=MappingProxyType({}),
+        tool_risks=MappingProxyType({tool: tier.risk for tool, tier in (entry.tools or {}).items()}),
         oauth=None,
         **fields,
         **_entry_facts(entry, file_default),

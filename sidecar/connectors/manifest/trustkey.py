@@ -44,7 +44,9 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
     pre-registered OAuth client carries ``"oauth"`` (client id, secret file path, scopes; never the
     secret): signing in as another client is another config. Servers without one hash as before. One
     that says ``"process": "shared"`` carries ``"process"``: one process serving every session is a
-    decision the user reviews (per-session processes, the default, hash as before).
+    decision the user reviews (per-session processes, the default, hash as before). A user's or plugin's
+    entry that declares its tools' risk carries ``"tool_risks"``: making a tool LOW lets it run unasked
+    (a package's declaration is in its files, digested apart).
     """
     launch = spec.launch
     canonical: dict[str, object] = {
@@ -63,6 +65,8 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
         canonical["offline"] = True
     if spec.process == "shared":
         canonical["process"] = "shared"
+    if spec.tool_risks and spec.kind != "package":
+        canonical["tool_risks"] = {name: str(risk) for name, risk in sorted(spec.tool_risks.items())}
     if launch.oauth is not None:
         secret_file = launch.oauth.secret_file
         canonical["oauth"] = {
