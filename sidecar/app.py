@@ -273,6 +273,7 @@ def _bus(registry: ToolRegistry) -> Subsystem:
                 auto_above=settings.tools.auto_defer_above,
             ),
             max_result_chars=settings.tools.max_result_chars,
+            mark_connector_output=settings.tools.mark_connector_output,
             console_url=lambda: console_url(runtime.port),
         )
         hub = app[HUB] = ChangeHub()

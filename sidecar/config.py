@@ -149,6 +149,10 @@ class ToolSettings(_Frozen):
     """Characters of a tool result the agent gets: longer text is cut with a marker saying how much was
     left out, and structured content whose JSON is longer is left out with the same marker."""
 
+    mark_connector_output: bool = True
+    """Fence each text block of a connector's result as untrusted content naming the connector
+    (``bus/untrusted.py``); its origin is in the result's ``_meta`` either way."""
+
 
 class ConnectorSettings(_Frozen):
     """Connector processes (contract §7)."""

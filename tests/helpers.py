@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -32,11 +33,23 @@ BOUND: Final = 30.0
 """Seconds a condition may take to come true before ``wait_until`` gives up."""
 
 
+_FENCED: Final = re.compile(
+    r'<untrusted-content connector="([a-z0-9-]+)" fence="([0-9a-f]{8})">\n(.*)\n</untrusted-content fence="\2">', re.S
+)
+
+
+def unfenced(text: str) -> str:
+    """A connector's text without the untrusted-content fence the bus puts around it (``bus/untrusted.py``)."""
+    found = _FENCED.fullmatch(text)
+    return found.group(3) if found is not None else text
+
+
 def tool_text(result: types.CallToolResult) -> str:
-    """The text of an MCP tool result's first content block, which must be text."""
+    """The text of an MCP tool result's first content block, which must be text; a connector's without
+    its untrusted-content fence (tests/e2e/test_untrusted_output.py checks the fence itself)."""
     block = result.content[0]
     assert isinstance(block, types.TextContent), result
-    return block.text
+    return unfenced(block.text)
 
 
 def child_pids() -> set[int]:

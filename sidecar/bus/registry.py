@@ -87,6 +87,8 @@ class ToolOutput:
     """A connector's own error result (kept whole, content included), not a failure of sidecar's."""
     raw: Mapping[str, Any] | None = None
     """The connector's whole result as it came over the wire (the faithful relay passes it on untouched)."""
+    meta: Mapping[str, Any] | None = None
+    """The result's ``_meta`` from sidecar: a connector result's origin (``bus/untrusted.py``)."""
 
 
 ToolHandler = Callable[[dict[str, Any], CallContext], Awaitable[ToolOutput]]

@@ -30,7 +30,9 @@ from sidecar.bus.policy import FREE, Billing, Decision, Phase, Verdict, decide
 from sidecar.bus.registry import CallContext, Progress, Risk, ToolDef, ToolHandler, ToolRegistry
 from sidecar.bus.search import SearchIndex
 from sidecar.bus.shapes import shape_of
+from sidecar.bus.untrusted import marked
 from sidecar.errors import ToolError
+from sidecar.names import connector_of_route
 from sidecar.store.audit import AuditLog
 from sidecar.text import preview
 
@@ -70,6 +72,8 @@ class CallOutcome:
     """MCP content blocks from a connector, passed through as they came."""
     raw: Mapping[str, Any] | None = None
     """A relayed connector's whole wire result (``ToolOutput.raw``)."""
+    meta: Mapping[str, Any] | None = None
+    """The result's ``_meta`` (a connector result's origin)."""
 
     @property
     def is_error(self) -> bool:
@@ -121,6 +125,7 @@ class ToolService:
         billing: BillingCheck | None = None,
         defer: DeferPolicy | None = None,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        mark_connector_output: bool = True,
         console_url: Callable[[], str] = lambda: "http://127.0.0.1:<port>/ui/",
     ) -> None:
         """``max_result_chars`` bounds every result for the agent's context window (``bus/bounds.py``).
@@ -134,6 +139,7 @@ class ToolService:
         self._billing = billing
         self._defer = defer or DeferPolicy()
         self._max_result_chars = max_result_chars
+        self._mark_connector_output = mark_connector_output
         self._console_url = console_url
         self._index = SearchIndex()
         self._indexed = -1
@@ -351,6 +357,10 @@ class ToolService:
         if isinstance(output, CallOutcome):  # tool_call hands back the inner call's outcome as is
             return output
         output = bound_output(output, self._max_result_chars)
+        connector_id = connector_of_route(tool.source)
+        if connector_id is not None:
+            # SECURITY: what a connector returns is data from elsewhere, never instructions: say so in it.
+            output = marked(output, connector_id=connector_id, wrap=self._mark_connector_output)
         return CallOutcome(
             tool=tool.name,
             status="error" if output.is_error else "ok",
@@ -362,6 +372,7 @@ class ToolService:
             risk=tool.risk,
             content=output.content,
             raw=output.raw,
+            meta=output.meta,
         )
 
     def _record(self, call: _Call, arguments: Mapping[str, Any] | None, outcome: CallOutcome, started: float) -> None:

@@ -285,6 +285,8 @@ def build_mcp_server(
         result: dict[str, Any] = {"resultType": "complete", "content": content, "isError": outcome.is_error}
         if outcome.structured is not None:
             result["structuredContent"] = dict(outcome.structured)
+        if outcome.meta is not None:
+            result["_meta"] = dict(outcome.meta)
         return result
 
     async def instruct(

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from tests.conftest import Daemon
-from tests.helpers import FIXTURES, initialize_request, trust_user_server
+from tests.helpers import FIXTURES, initialize_request, trust_user_server, unfenced
 
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -71,7 +71,7 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 def text_of(response: dict[str, Any]) -> str:
-    return str(response["result"]["content"][0]["text"])
+    return unfenced(str(response["result"]["content"][0]["text"]))
 
 
 async def test_a_call_that_runs_without_asking_is_answered_in_json(daemon: Daemon, http: aiohttp.ClientSession) -> None:

@@ -18,7 +18,7 @@ from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.config import Settings, ToolSettings
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
-from tests.helpers import ECHO_SERVER, rest, tool_text, trust_user_server
+from tests.helpers import ECHO_SERVER, rest, tool_text, trust_user_server, unfenced
 
 ERAS: Final = [pytest.param("legacy", id="2025-11-25"), pytest.param("2026-07-28", id="2026-07-28")]
 DEFAULT_BOUND: Final = 8000
@@ -113,7 +113,7 @@ async def test_a_connectors_long_result_is_bounded_on_mcp_and_on_its_own_route(d
 
 
 def _assert_cut(result: types.CallToolResult, *, is_error: bool) -> None:
-    blocks = [b.text for b in result.content if isinstance(b, types.TextContent)]
+    blocks = [unfenced(b.text) for b in result.content if isinstance(b, types.TextContent)]
     assert blocks[0] == "e" * DEFAULT_BOUND, blocks[0][:40]
     assert _left_out(blocks[-1]) == (BIG - DEFAULT_BOUND, BIG, DEFAULT_BOUND)
     # The echo tool declares an output schema and answers structured content as long as its text:
