@@ -212,7 +212,9 @@ class StateJournal:
                 keys = EnvelopeKeys([(kid, key)])
                 secret = {"kid": kid, "key": base64.b64encode(key).decode("ascii")}
                 try:
-                    self._credentials.put(KEY_RECORD, secret)
+                    # No OAuth grant: nothing revokes this record, so its generation is whatever it is now.
+                    generation = self._credentials.generation(KEY_RECORD.connector)
+                    self._credentials.put(KEY_RECORD, secret, generation=generation)
                 except Exception as exc:
                     logger.warning(
                         "cannot store the envelope key (%s: %s); sessions will not survive a daemon restart",

@@ -8,7 +8,9 @@
 // add a pre-registered confidential client; NO_REGISTRATION=1 turns dynamic registration off;
 // TOKEN_ONLY_REVOCATION=1 makes a revocation end only the token named, not its whole grant (RFC 7009 §2.1
 // lets an AS do either: a client must revoke every token it holds); LOG_TOKENS=1 adds the tokens issued to
-// each grant event (a test AS: it lets a test introspect every token a client ever obtained). Prints one
+// each grant event (a test AS: it lets a test introspect every token a client ever obtained);
+// TOKEN_DELAY_MS=n logs each token request as it arrives and holds its answer n ms (a race test's window:
+// the tokens are issued, the client has not got them yet). Prints one
 // JSON line per token-endpoint event and per dynamic registration to stdout.
 import http from 'node:http';
 import Provider from 'oidc-provider';
@@ -104,6 +106,11 @@ http
     if (req.url.startsWith('/interaction/')) {
       interaction(req, res).catch((err) => { console.error(err); res.statusCode = 500; res.end(); });
       return;
+    }
+    if (process.env.TOKEN_DELAY_MS && req.method === 'POST' && req.url === '/token') {
+      console.log(JSON.stringify({ event: 'token_request' }));
+      const end = res.end.bind(res);
+      res.end = (...args) => { setTimeout(() => end(...args), Number(process.env.TOKEN_DELAY_MS)); return res; };
     }
     if (process.env.TOKEN_ONLY_REVOCATION === '1' && req.method === 'POST' && req.url === '/token/revocation') {
       revokeOneToken(req, res).catch((err) => { console.error(err); res.statusCode = 500; res.end(); });
