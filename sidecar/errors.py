@@ -19,6 +19,7 @@
     ├── Unauthorized                    401   unauthorized        missing or wrong bearer token
     ├── NotFound                        404   not_found
     ├── Conflict                        409   conflict            e.g. a second daemon on one home
+    │   └── StaleGrant                  409   stale_grant         a credential write for a grant revoked since it began
     ├── AuthorizationRefused            502   authorization_refused  an OAuth server we will not sign in to
     ├── UpstreamFailed                  502   upstream_failed     a connector's upstream API (internal API)
     └── ToolError                       --    tool_error          becomes an MCP result with isError
@@ -50,6 +51,7 @@ __all__ = [
     "ReadTimedOut",
     "RequestRejected",
     "SidecarError",
+    "StaleGrant",
     "StorageError",
     "ToolError",
     "Unauthorized",
@@ -142,6 +144,13 @@ class NotFound(SidecarError):
 class Conflict(SidecarError):
     status = 409
     code = "conflict"
+
+
+class StaleGrant(Conflict):
+    """A write to the credential store for a connector's grant that was revoked since the write's work
+    began (a refresh, a sign-in): refused, so a revoke always wins (issue 24)."""
+
+    code = "stale_grant"
 
 
 class AuthorizationRefused(SidecarError):

@@ -248,7 +248,9 @@ class StateJournal:
 
     def _store_key(self) -> None:
         if self._key_unsaved is not None:
-            self._credentials.put(KEY_RECORD, self._key_unsaved)
+            # No OAuth grant: nothing revokes this record, so its generation is whatever it is now.
+            generation = self._credentials.generation(KEY_RECORD.connector)
+            self._credentials.put(KEY_RECORD, self._key_unsaved, generation=generation)
             self._key_unsaved = None
 
     def _stored_keys(self, *, expected_kid: str | None) -> EnvelopeKeys | None:

@@ -8,10 +8,16 @@
   ``_CallbackDriver``: the authorization URL goes back to whoever asked (the CLI opens a browser),
   and the code comes in on the daemon's own ``/oauth/callback``, matched by ``state`` (single use).
   One pending flow per connector (a second ``connect`` joins it); a flow ends after ``FLOW_TIMEOUT``.
-- **Revocation** deletes the local grant at once, announces it (``revoked``: the daemon stops the
-  connector's connections in every session), then revokes remotely (RFC 7009: the refresh token, then
-  the access token) where the AS metadata names a ``revocation_endpoint``, retrying in the background a
-  bounded number of times.
+- **Revocation** wins over whatever is in flight (issue 24). It forgets the grant in memory (no refresh
+  starts after), bumps the grant's generation and deletes every record in one step
+  (``CredentialStore.revoke_connector``), and announces it (``revoked``: the daemon stops the
+  connector's connections in every session). A pending sign-in is told it was revoked (its link stops
+  working). Then it waits, at most ``SETTLE_TIMEOUT``, for a refresh or sign-in already in flight to
+  end: each writes for the generation it began with, so its result is refused and its tokens are
+  handed back here (``_discarded``), never stored. Last it revokes remotely (RFC 7009: the refresh
+  token, then the access token) every token it deleted or was handed, where the AS metadata names a
+  ``revocation_endpoint``, retrying in the background a bounded number of times (``retrying``; also
+  when something was still in flight at the bound: what it obtains is revoked when it ends).
 - **Events**: the broker knows nothing of connectors; whoever must act on a sign-in subscribes
   (``subscribe``) and is told ``signed_in`` (a sign-in completed, before its flow is done) and
   ``revoked`` (the grant was deleted, before the remote revocation).
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -38,11 +45,13 @@ import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult
+from pydantic import ValidationError
 
-from sidecar.errors import Conflict, StorageError, find_error
+from sidecar.errors import Conflict, StaleGrant, StorageError, find_error
 from sidecar.oauth.flow import AuthorizationRefused, build_provider, s256_guard
-from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn, client_auth
+from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn
 from sidecar.oauth.provider import ProviderClient, sign_in
+from sidecar.oauth.revocation import Revoker
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant, registered_client
 from sidecar.store.credentials import CredentialStore
 from sidecar.text import preview
@@ -60,9 +69,11 @@ URL_TIMEOUT: Final = 60.0
 CALLBACK_WAIT: Final = 20.0
 """Seconds the callback page waits for the token exchange, to say whether the sign-in worked."""
 HTTP_TIMEOUT: Final = 30.0
-REVOKE_TRIES: Final = 5
-REVOKE_BACKOFF: Final = 2.0
-"""Seconds before the second remote revocation attempt, doubling after each failure."""
+SETTLE_TIMEOUT: Final = 10.0
+"""Seconds a revoke waits for a refresh or sign-in in flight to end, to revoke what it obtained with the
+rest; past it the revoke answers ``retrying`` and revokes those tokens in the background when they come."""
+LATE_TIMEOUT: Final = FLOW_TIMEOUT
+"""Seconds the background goes on waiting for work a revoke did not see end (a sign-in's own bound)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,8 @@ class _Flow:
     connector_id: str
     url: asyncio.Future[str | None]
     result: asyncio.Future[AuthorizationCodeResult]
+    generation: int = 0
+    """The grant generation the sign-in started from: what it stores is refused once the grant is revoked."""
     task: asyncio.Task[None] | None = None
     state_key: bytes | None = None
     outcome: str | None = None
@@ -112,6 +125,7 @@ class Broker:
         self._flows: dict[str, _Flow] = {}
         self._by_state: dict[bytes, _Flow] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._revoker = Revoker(audit=audit)
 
     def subscribe(self, listener: SignInListener) -> None:
         """Be told of every completed sign-in and every revocation (``SignInListener``)."""
@@ -122,9 +136,21 @@ class Broker:
     def keeper(self, connector_id: str) -> GrantKeeper:
         keeper = self._keepers.get(connector_id)
         if keeper is None:
-            storage = CredentialTokenStorage(self.store, connector=connector_id, account=ACCOUNT)
+            storage = self._storage(connector_id)
             keeper = self._keepers[connector_id] = GrantKeeper(connector_id, storage, audit=self._audit)
         return keeper
+
+    def _storage(self, connector_id: str, *, generation: int | None = None, **options: Any) -> CredentialTokenStorage:
+        """An adapter over the store for one of our writers (the keeper, a sign-in): its refused writes'
+        tokens come back to ``_discarded``."""
+        return CredentialTokenStorage(
+            self.store,
+            connector=connector_id,
+            account=ACCOUNT,
+            generation=generation,
+            discarded=functools.partial(self._discarded, connector_id),
+            **options,
+        )
 
     def auth_for(self, connector_id: str) -> httpx2.Auth:
         return BrokerAuth(self.keeper(connector_id))
@@ -199,10 +225,13 @@ class Broker:
         if flow is None:
             loop = asyncio.get_running_loop()
             flow = _Flow(secrets.token_urlsafe(16), connector_id, loop.create_future(), loop.create_future())
+            flow.generation = self.store.generation(connector_id)
             self._flows[connector_id] = flow
             keeper = self.keeper(connector_id)
             keeper.set_state(SignIn.STARTING)
             flow.task = loop.create_task(run(flow, keeper), name=f"sign-in-{connector_id}")
+            self._tasks.add(flow.task)
+            flow.task.add_done_callback(self._tasks.discard)
         try:
             authorization_url = await asyncio.wait_for(asyncio.shield(flow.url), URL_TIMEOUT)
         except TimeoutError:
@@ -210,13 +239,15 @@ class Broker:
         return {"authorization_url": authorization_url, "flow": flow.id, **self.public(connector_id)}
 
     async def _run_provider(self, flow: _Flow, keeper: GrantKeeper, provider: ProviderClient) -> None:
-        storage = CredentialTokenStorage(self.store, connector=flow.connector_id, account=ACCOUNT)
+        storage = self._storage(flow.connector_id, generation=flow.generation)
         driver = _CallbackDriver(self, flow)
         await self._settle(
-            flow, keeper, sign_in(provider, storage=storage, driver=driver, redirect_uri=self._redirect_uri())
+            flow, keeper, storage, sign_in(provider, storage=storage, driver=driver, redirect_uri=self._redirect_uri())
         )
 
-    async def _settle(self, flow: _Flow, keeper: GrantKeeper, sign_in_done: Awaitable[object]) -> None:
+    async def _settle(
+        self, flow: _Flow, keeper: GrantKeeper, storage: CredentialTokenStorage, sign_in_done: Awaitable[object]
+    ) -> None:
         """Run a flow's sign-in within ``FLOW_TIMEOUT``, then record how it ended and end the flow."""
         try:
             async with asyncio.timeout(FLOW_TIMEOUT):
@@ -226,7 +257,7 @@ class Broker:
             if not isinstance(exc, Exception):
                 raise
         else:
-            await self._succeeded(flow, keeper)
+            await self._succeeded(flow, keeper, storage)
         finally:
             self._finish(flow)
 
@@ -236,10 +267,9 @@ class Broker:
         cid = flow.connector_id
         configured = " ".join(client.scopes) if client is not None and client.scopes else None
         extra_scope = keeper.step_up.scope_for_sign_in(keeper.granted_scope(), configured)
-        storage = CredentialTokenStorage(
-            self.store,
-            connector=cid,
-            account=ACCOUNT,
+        storage = self._storage(
+            cid,
+            generation=flow.generation,
             fresh_sign_in=True,
             scope_needed=extra_scope if client is None else None,  # a pre-registered client is what it is
         )
@@ -265,13 +295,16 @@ class Broker:
             ):
                 await session.initialize()
 
-        await self._settle(flow, keeper, initialize())
+        await self._settle(flow, keeper, storage, initialize())
 
-    async def _succeeded(self, flow: _Flow, keeper: GrantKeeper) -> None:
+    async def _succeeded(self, flow: _Flow, keeper: GrantKeeper, storage: CredentialTokenStorage) -> None:
         cid = flow.connector_id
+        await keeper.load()
+        if storage.stale():  # revoked after the flow stored its grant: the revoke deleted (and revokes) it
+            self._failed(flow, keeper, StaleGrant(f"the sign-in of {cid} was revoked while it ran"))
+            return
         if not flow.url.done():
             flow.url.set_result(None)  # no sign-in was needed
-        await keeper.load()
         if keeper.state is not SignIn.READY:
             keeper.set_state(SignIn.NONE)
         logger.info("sign-in of %s complete", cid)
@@ -299,7 +332,7 @@ class Broker:
         if not flow.url.done():
             flow.url.set_exception(failure)
             flow.url.exception()  # retrieved: nobody may be waiting any more
-        if keeper.state is SignIn.STARTING:  # not revoked meanwhile
+        if keeper.state is SignIn.STARTING and self._flows.get(flow.connector_id) is flow:  # not revoked meanwhile
             keeper.set_state(SignIn.ERROR, str(failure))
         flow.outcome = str(failure)
         logger.warning("sign-in of %s failed: %s", flow.connector_id, failure)
@@ -338,74 +371,62 @@ class Broker:
     # -- revocation ------------------------------------------------------------------------------
 
     async def revoke(self, connector_id: str) -> dict[str, Any]:
-        """Delete the connector's grant now, stop its calls, and revoke its tokens remotely (RFC 7009)."""
+        """Delete the connector's grant now, stop its calls, and revoke its tokens remotely (RFC 7009):
+        those stored and those a refresh or sign-in in flight obtains (module docstring)."""
         keeper = self.keeper(connector_id)
-        flow = self._flows.get(connector_id)
-        if flow is not None and flow.task is not None:
-            flow.task.cancel()
-        grant = await keeper.storage_grant()
-        keeper.forget("revoked by the user")
-        deleted = await anyio.to_thread.run_sync(self.store.delete_connector, connector_id)
+        keeper.forget("revoked by the user")  # no refresh starts from here on
+        flow = self._end_flow(connector_id)
+        collected = self._revoker.collect(connector_id)
+        deleted, secrets = await anyio.to_thread.run_sync(self.store.revoke_connector, connector_id)
+        keeper.forget("revoked by the user")  # nor does a grant read before the delete stay in memory
+        collected.extend(_grants(connector_id, secrets))
         for listener in self._listeners:
             await listener(connector_id, "revoked")
-        remote = "nothing to revoke"
-        endpoint = _revocation_endpoint(grant)
-        if grant is not None and grant.tokens is not None:
-            remote = "not supported by the authorization server"
-            if endpoint is not None:
-                remote = "revoked" if await self._revoke_remote(connector_id, endpoint, grant) else "retrying"
-                if remote == "retrying":
-                    self._spawn(self._revoke_later(connector_id, endpoint, grant))
+        in_flight = asyncio.ensure_future(self._in_flight_ended(keeper, flow))
+        done, _ = await asyncio.wait({in_flight}, timeout=SETTLE_TIMEOUT)
+        if in_flight in done:
+            remote = await self._revoker.finish(connector_id, collected)
+        else:
+            logger.warning("a refresh or sign-in of %s is still in flight; what it obtains is revoked", connector_id)
+            remote = "retrying"
+            late = asyncio.wait_for(in_flight, LATE_TIMEOUT)
+            self._revoker.spawn(self._revoker.finish_later(connector_id, late, collected))
         self._audit("oauth.revoke", connector=connector_id, records=deleted, remote=remote)
         return {"revoked": connector_id, "deleted": deleted, "remote": remote, **keeper.public()}
 
-    async def _revoke_remote(self, connector_id: str, endpoint: str, grant: StoredGrant) -> bool:
-        """One attempt: refresh token, then access token (RFC 7009 §2.1); True when the AS took both."""
-        tokens = grant.tokens
-        if tokens is None:
-            return True
-        pending = [(tokens.refresh_token, "refresh_token"), (tokens.access_token, "access_token")]
-        try:
-            async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT) as http:
-                for value, hint in pending:
-                    if value is None:
-                        continue
-                    data, headers = client_auth(grant, {"token": value, "token_type_hint": hint})
-                    response = await http.post(endpoint, data=data, headers=headers)
-                    if response.status_code >= 500 or response.status_code == 429:
-                        return False  # RFC 7009 §2.2.1: 503 means try again later
-                    if response.status_code != 200:
-                        logger.warning("revocation at the AS of %s answered %d", connector_id, response.status_code)
-        except httpx2.HTTPError as exc:
-            logger.warning("revocation for %s failed: %s", connector_id, type(exc).__name__)
-            return False
-        return True
+    def _end_flow(self, connector_id: str) -> _Flow | None:
+        """A pending sign-in ends as revoked: its link stops working at once, a new ``connect`` starts
+        afresh, and one in its token exchange ends by itself (its write is refused; its tokens revoked)."""
+        flow = self._flows.pop(connector_id, None)
+        if flow is None:
+            return None
+        if flow.state_key is not None:
+            self._by_state.pop(flow.state_key, None)
+        if not flow.result.done():
+            flow.result.set_exception(AuthorizationRefused("the sign-in was revoked"))
+            flow.result.exception()  # retrieved: the flow may never ask for it
+        return flow
 
-    async def _revoke_later(self, connector_id: str, endpoint: str, grant: StoredGrant) -> None:
-        delay = REVOKE_BACKOFF
-        for _ in range(REVOKE_TRIES - 1):
-            await asyncio.sleep(delay)
-            if await self._revoke_remote(connector_id, endpoint, grant):
-                self._audit("oauth.revoke", connector=connector_id, remote="revoked")
-                return
-            delay *= 2
-        self._audit("oauth.revoke", connector=connector_id, remote="gave up")
-        logger.warning("gave up revoking the tokens of %s at its authorization server", connector_id)
+    @staticmethod
+    async def _in_flight_ended(keeper: GrantKeeper, flow: _Flow | None) -> None:
+        if flow is not None:
+            await flow.done.wait()
+        await keeper.settled()
+
+    def _discarded(self, connector_id: str, grant: StoredGrant) -> None:
+        """A write of ours was refused: the grant was revoked since it began. Its tokens end at the AS."""
+        self._revoker.discarded(connector_id, grant)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def _spawn(self, coroutine: Awaitable[Any]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def close(self) -> None:
         """Cancel pending sign-ins and background revocations (bounded: they only wait on the network)."""
-        pending = [f.task for f in self._flows.values() if f.task is not None] + list(self._tasks)
+        pending = list(self._tasks)  # every sign-in's task, also one a revoke ended
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending, timeout=5)
+        await self._revoker.close()
 
 
 class _CallbackDriver:
@@ -419,6 +440,8 @@ class _CallbackDriver:
         state = parse_qs(urlsplit(url).query).get("state", [None])[0]
         if not state:
             raise AuthorizationRefused("the authorization URL carries no state")
+        if self._flow.result.done():  # revoked before it got here: hand out no link
+            raise AuthorizationRefused("the sign-in was revoked")
         self._broker._expect(self._flow, state)
         if not self._flow.url.done():
             self._flow.url.set_result(url)
@@ -435,11 +458,15 @@ async def _seed_client(storage: CredentialTokenStorage, client: PreRegistered, r
     )
 
 
-def _revocation_endpoint(grant: StoredGrant | None) -> str | None:
-    if grant is None or grant.authorization_server is None:
-        return None
-    endpoint = grant.authorization_server.revocation_endpoint
-    return str(endpoint) if endpoint is not None else None
+def _grants(connector_id: str, secrets: list[dict[str, Any]]) -> list[StoredGrant]:
+    """The deleted records that parse as grants (what may hold tokens to revoke)."""
+    grants = []
+    for secret in secrets:
+        try:
+            grants.append(StoredGrant.model_validate(secret))
+        except ValidationError:
+            logger.warning("a deleted OAuth record of %s has an unknown shape; nothing in it is revoked", connector_id)
+    return grants
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,7 +13,15 @@ anthropics/claude-code#91641, anomalyco/opencode#34074, punkpeye/mcp-remote PR #
   trouble, not the grant's: the tokens are kept and the next attempt waits out an exponential backoff
   (the token is used meanwhile while it has not expired);
 - **a cap**: at most ``TOKEN_REQUESTS`` token requests per ``TOKEN_WINDOW`` per grant (mcp-remote's
-  "token storm" cap), whatever goes wrong around it.
+  "token storm" cap), whatever goes wrong around it;
+- **a revoke wins** (issue 24): the broker ``forget``s the grant before the store deletes it, so no
+  refresh starts after, and again once it is deleted; a ``load`` that read before the delete finds its
+  generation stale and keeps nothing; a refresh already in flight writes for the generation it started
+  from and is refused (its tokens go to the broker to be revoked), or wrote just before the delete (the
+  revoke deleted and revokes that record): either way it ends with ``NeedsAuthorization``, never with
+  the grant back in memory. The token request runs in a task of its own, so a caller cancelled
+  meanwhile (a revoke stops the connector's calls) does not lose tokens the AS already issued; the
+  next caller joins it, and ``settled`` lets the revoke wait for it.
 
 The SDK's provider is not used here: it holds one lock across every request it authorizes (all
 sessions' calls would queue behind each other), clears its tokens on any refresh failure, and
@@ -30,7 +38,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
@@ -38,7 +46,7 @@ import httpx2
 from mcp.shared.auth import OAuthToken
 from pydantic import ValidationError
 
-from sidecar.errors import ToolError
+from sidecar.errors import StaleGrant, ToolError
 from sidecar.oauth.stepup import StepUp, answer_with_error, scope_challenge
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
 
@@ -114,6 +122,8 @@ class GrantKeeper:
         self._grant: StoredGrant | None = None
         self._loaded = False
         self._lock = asyncio.Lock()
+        self._exchanging: asyncio.Task[StoredGrant] | None = None
+        """The token request in flight, in a task of its own (a cancelled caller does not end it)."""
         self._requests: collections.deque[float] = collections.deque()
         self._failures = 0
         self._retry_at = 0.0
@@ -145,7 +155,11 @@ class GrantKeeper:
         token not yet expired) make the state ``ready``; an expired one that cannot be refreshed makes
         it ``unauthorized`` (the next call drops it)."""
         async with self._lock:
-            grant = self._grant = await self._storage.current()
+            await self._exchange_ended()
+            grant = await self._storage.current()
+            if self._storage.stale():  # revoked while it was read: what it read is deleted (and revoked)
+                grant = None
+            self._grant = grant
             self._loaded = True
             if grant is not None and grant.tokens is not None:
                 if grant.tokens.refresh_token is not None or not self._expired(grant):
@@ -157,8 +171,13 @@ class GrantKeeper:
             return grant
 
     async def storage_grant(self) -> StoredGrant | None:
-        """The grant as stored now (what a revocation must revoke), without changing the state."""
-        return await self._storage.current()
+        """The grant as stored now, without changing the state (nor what a refresh in flight builds on)."""
+        return await self._storage.peek()
+
+    async def settled(self) -> None:
+        """Return once no refresh (nor load) of this grant is in flight: one that began has ended."""
+        async with self._lock:
+            await self._exchange_ended()
 
     def forget(self, reason: str) -> StoredGrant | None:
         """The local grant is gone (revoked, deleted): calls need a sign-in. Returns what was held."""
@@ -205,22 +224,46 @@ class GrantKeeper:
     async def _refresh(self, seen: str, *, forced: bool) -> StoredGrant:
         """Refresh the grant whose access token was ``seen``, unless another caller already did."""
         async with self._lock:
-            grant = self._grant
-            if grant is None or grant.tokens is None:
+            task = self._exchanging
+            if task is None:
+                decided = await self._decide(seen, forced=forced)
+                if isinstance(decided, StoredGrant):
+                    return decided
+                task = self._exchanging = asyncio.ensure_future(decided)
+                task.add_done_callback(self._exchanged)
+            # else the request of a caller cancelled meanwhile is still out: its outcome is ours (single flight)
+            return await asyncio.shield(task)
+
+    async def _decide(self, seen: str, *, forced: bool) -> StoredGrant | Coroutine[Any, Any, StoredGrant]:
+        """Under the lock: the grant to use as it is, or the token request to make (``_exchange``)."""
+        grant = self._grant
+        if grant is None or grant.tokens is None:
+            raise NeedsAuthorization(self.connector_id)
+        if grant.tokens.access_token != seen or not (forced or self._due(grant)):
+            return grant  # refreshed while we waited: single flight
+        if grant.tokens.refresh_token is None:
+            if forced or self._expired(grant):
+                await self._drop("the token expired and the server gave no refresh token")
                 raise NeedsAuthorization(self.connector_id)
-            if grant.tokens.access_token != seen or not (forced or self._due(grant)):
-                return grant  # refreshed while we waited: single flight
-            if grant.tokens.refresh_token is None:
-                if forced or self._expired(grant):
-                    await self._drop("the token expired and the server gave no refresh token")
-                    raise NeedsAuthorization(self.connector_id)
-                return grant
-            wait = self._retry_at - self._clock()
-            if wait > 0:
-                return self._keep_or_fail(grant, f"a refresh failed; sidecar retries in {wait:.0f}s", forced=forced)
-            if not self._admit_request():
-                return self._keep_or_fail(grant, "too many token requests; try again shortly", forced=forced)
-            return await self._exchange(grant, forced=forced)
+            return grant
+        wait = self._retry_at - self._clock()
+        if wait > 0:
+            return self._keep_or_fail(grant, f"a refresh failed; sidecar retries in {wait:.0f}s", forced=forced)
+        if not self._admit_request():
+            return self._keep_or_fail(grant, "too many token requests; try again shortly", forced=forced)
+        return self._exchange(grant, forced=forced)
+
+    def _exchanged(self, task: asyncio.Task[StoredGrant]) -> None:
+        if self._exchanging is task:
+            self._exchanging = None
+        if not task.cancelled():
+            task.exception()  # retrieved: its callers may all be gone; what it did is in the state
+
+    async def _exchange_ended(self) -> None:
+        """Wait (the lock held) for a token request that a cancelled caller left running."""
+        task = self._exchanging
+        if task is not None:
+            await asyncio.wait({task})
 
     def _keep_or_fail(self, grant: StoredGrant, why: str, *, forced: bool) -> StoredGrant:
         if forced or self._expired(grant):
@@ -258,7 +301,15 @@ class GrantKeeper:
                         "scope": tokens.scope or old.scope,
                     }
                 )
-            self._grant = await self._storage.replace_tokens(tokens)
+            try:
+                stored = await self._storage.replace_tokens(tokens)
+            except StaleGrant:
+                stored = None  # revoked while the request was out: refused, the tokens go to be revoked
+            if stored is None or self._storage.stale():  # stale: written just before the revoke deleted it
+                self._grant = None
+                logger.info("the refresh of %s ended after a revoke; its tokens are not kept", self.connector_id)
+                raise NeedsAuthorization(self.connector_id)
+            self._grant = stored
             self._failures, self._retry_at = 0, 0.0
             self.refreshes += 1
             self.set_state(SignIn.READY)

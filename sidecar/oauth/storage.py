@@ -16,12 +16,20 @@ Registrations are therefore kept per AS: when a server moves to another AS, the 
 its tokens go to a new record and the old AS's record is left as it was. On load, the most recently
 written record of the (connector, account) is the current one.
 
+**Generations** (issue 24): an adapter writes for the grant generation it started from (the store's,
+read when it is made, or passed in by a sign-in that began earlier); ``current`` re-reads and adopts
+the generation of now. A write for a grant revoked since is refused (``StaleGrant``), and the tokens it
+would have stored go to ``discarded``, whose job is to revoke them at the AS: nothing a revoke has
+deleted is stored again, and nothing obtained meanwhile is left active.
+
 The store is synchronous, so every call runs in a worker thread. Nothing here logs a token; messages
 name the connector, the account and the issuer only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -33,11 +41,11 @@ from mcp.client.auth.oauth2 import OAuthContext
 from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToken, ProtectedResourceMetadata
 from pydantic import AnyUrl, BaseModel, ConfigDict, ValidationError
 
-from sidecar.errors import StorageError
+from sidecar.errors import StaleGrant, StorageError
 from sidecar.oauth.sdk_context import Discovered, discovered, restore
 from sidecar.store.credentials import CredentialStore, RecordId
 
-__all__ = ["CredentialTokenStorage", "StoredGrant", "registered_client"]
+__all__ = ["CredentialTokenStorage", "StoredGrant", "Superseded", "registered_client"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +72,17 @@ def registered_client(
     )
 
 
+SUPERSEDED_MAX = 20
+"""Access tokens a refresh replaced that are kept to revoke (as many as one grant may request at once)."""
+
+
+class Superseded(BaseModel):
+    """An access token a refresh replaced before it expired: still valid at the AS until then."""
+
+    access_token: str
+    expires_at: float | None = None
+
+
 class StoredGrant(BaseModel):
     """The secret of one record (sealed by the store as a whole)."""
 
@@ -79,6 +98,9 @@ class StoredGrant(BaseModel):
     """When this record was last written: the newest record of a (connector, account) is the current one."""
     issued_at: float | None = None
     """Epoch seconds when the tokens were issued: with ``expires_at``, their lifetime (refresh ahead of expiry)."""
+    superseded: list[Superseded] = []
+    """Access tokens earlier refreshes replaced, not yet expired: a revoke ends them too (their refresh
+    tokens were spent by the rotation)."""
 
 
 class CredentialTokenStorage:
@@ -97,13 +119,19 @@ class CredentialTokenStorage:
         clock: Callable[[], float] = time.time,
         fresh_sign_in: bool = False,
         scope_needed: str | None = None,
+        generation: int | None = None,
+        discarded: Callable[[StoredGrant], None] | None = None,
     ) -> None:
         """``fresh_sign_in``: hide the stored tokens from the provider, so it authorizes anew (a sign-in
         over an existing grant keeps that grant usable until the new tokens replace it).
         ``scope_needed``: a dynamically registered client whose registered ``scope`` lacks some of these
         is hidden too, so the provider registers again with them (an AS refuses scope a client was not
-        registered for)."""
+        registered for).
+        ``generation``: the grant generation this adapter's work started from (default: the store's now).
+        ``discarded``: told of a grant whose write was refused as stale and that holds tokens (to revoke them)."""
         self._store = store
+        self._generation = store.generation(connector) if generation is None else generation
+        self._discarded = discarded
         self._fresh = fresh_sign_in
         self._scope_needed = set(scope_needed.split()) if scope_needed else set()
         self.connector = connector
@@ -162,9 +190,20 @@ class CredentialTokenStorage:
     # -- for the broker, which holds the grant between sign-ins ------------------------------------
 
     async def current(self) -> StoredGrant | None:
-        """The grant in use (re-read from the store: another instance may have written it)."""
+        """The grant in use (re-read from the store: another instance may have written it). The adapter
+        adopts the generation of now: later writes build on what this read found."""
         self._grants = None
+        await self._loaded(adopt=True)
         return await self._current_grant()
+
+    async def peek(self) -> StoredGrant | None:
+        """The grant as stored now, read without adopting anything (the adapter's state is untouched)."""
+        _, grants = await anyio.to_thread.run_sync(self._read)
+        return grants[max(grants, key=lambda issuer: grants[issuer].saved_at)] if grants else None
+
+    def stale(self) -> bool:
+        """True when the grant was revoked since this adapter's generation: what it wrote went with the revoke."""
+        return self._store.generation(self.connector) != self._generation
 
     async def save_sign_in(
         self,
@@ -196,9 +235,13 @@ class CredentialTokenStorage:
             raise StorageError(f"no OAuth grant of {self.connector} to refresh")
         now = self._clock()
         expires_at = None if tokens.expires_in is None else now + tokens.expires_in
-        grant = grants[self._current].model_copy(
-            update={"tokens": tokens, "expires_at": expires_at, "issued_at": now, "saved_at": now}
-        )
+        old = grants[self._current]
+        alive = [s for s in old.superseded if s.expires_at is None or s.expires_at > now]
+        replaced = old.tokens is not None and old.tokens.access_token != tokens.access_token
+        if old.tokens is not None and replaced and (old.expires_at is None or old.expires_at > now):
+            alive.append(Superseded(access_token=old.tokens.access_token, expires_at=old.expires_at))
+        update = {"tokens": tokens, "expires_at": expires_at, "issued_at": now, "saved_at": now}
+        grant = old.model_copy(update={**update, "superseded": alive[-SUPERSEDED_MAX:]})
         await self._save(self._current, grant)
         return grant
 
@@ -210,7 +253,8 @@ class CredentialTokenStorage:
         grant = grants[self._current].model_copy(
             update={"tokens": None, "expires_at": None, "issued_at": None, "saved_at": self._clock()}
         )
-        await self._save(self._current, grant)
+        with contextlib.suppress(StaleGrant):  # revoked meanwhile: the record went, and what this would keep
+            await self._save(self._current, grant)
 
     # -- the records -------------------------------------------------------------------------------
 
@@ -218,17 +262,21 @@ class CredentialTokenStorage:
         grants = await self._loaded()
         return grants.get(self._current) if self._current is not None else None
 
-    async def _loaded(self) -> dict[str, StoredGrant]:
+    async def _loaded(self, *, adopt: bool = False) -> dict[str, StoredGrant]:
         if self._grants is None:
-            grants = await anyio.to_thread.run_sync(self._read)
+            generation, grants = await anyio.to_thread.run_sync(self._read)
+            if adopt:
+                self._generation = generation
+            # else a read after a revoke is harmless: what the work then writes is refused (``_save``)
             if grants:
                 self._current = max(grants, key=lambda issuer: grants[issuer].saved_at)
             self._grants = grants
         return self._grants
 
-    def _read(self) -> dict[str, StoredGrant]:
+    def _read(self) -> tuple[int, dict[str, StoredGrant]]:
         grants = {}
-        for record, secret in self._store.secrets(self.connector).items():
+        generation, found = self._store.snapshot(self.connector)
+        for record, secret in found.items():
             if record.account != self.account:
                 continue
             try:
@@ -241,13 +289,19 @@ class CredentialTokenStorage:
                     self.account,
                     record.issuer,
                 )
-        return grants
+        return generation, grants
 
     async def _save(self, issuer: str, grant: StoredGrant) -> None:
         record = RecordId(self.connector, self.account, issuer)
         secret: dict[str, Any] = grant.model_dump(mode="json", exclude_none=True)
+        put = functools.partial(self._store.put, record, secret, generation=self._generation)
         try:
-            await anyio.to_thread.run_sync(self._store.put, record, secret)
+            await anyio.to_thread.run_sync(put)
+        except StaleGrant:
+            logger.warning("the grant of %s was revoked meanwhile; what this write held is discarded", self.connector)
+            if grant.tokens is not None and self._discarded is not None:
+                self._discarded(grant)
+            raise
         except (OSError, StorageError):
             logger.error("could not save the OAuth record of %s (%s at %s)", self.connector, self.account, issuer)
             raise

@@ -19,6 +19,14 @@ truncated), or a secret that is not a JSON object is skipped and reported for it
 (``unreadable``): that connector needs a new sign-in, every other one keeps working, and the daemon
 never fails for it. Writes rewrite the whole file atomically (``store.files.write_atomic``), so a crash
 leaves the old store or the new one. Nothing here logs a secret; messages name connectors only.
+
+**A revoke wins** (issue 24). Each connector has a grant *generation*, owned here: ``revoke_connector``
+bumps it and deletes the connector's records under the store's lock, and every ``put`` names the
+generation its work started from (``generation``, ``snapshot``) and is refused with ``StaleGrant``
+under that same lock when it is older. So a refresh or a sign-in in flight when the grant is revoked
+either wrote before the revoke (its record is among those the revoke deleted and returned, to be
+revoked remotely) or is refused: never stored after it. Generations live in memory: a restart has
+nothing in flight, and the file is what it reads.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from typing import Any, Final, Protocol
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from sidecar.errors import StorageError
+from sidecar.errors import StaleGrant, StorageError
 from sidecar.store.files import loads_strict, read_private, write_atomic
 
 __all__ = [
@@ -197,6 +205,7 @@ class CredentialStore:
         self._lock = threading.Lock()
         self.unreadable: set[str] = set()
         """Connectors with a record that would not decrypt at the last read: they need a new sign-in."""
+        self._generations: dict[str, int] = {}
 
     def describe(self) -> str:
         return self._key_source.describe()
@@ -218,14 +227,29 @@ class CredentialStore:
 
     def secrets(self, connector: str) -> dict[RecordId, dict[str, Any]]:
         """Every record of a connector that decrypts, with its secret: one read of the file."""
+        return self.snapshot(connector)[1]
+
+    def snapshot(self, connector: str) -> tuple[int, dict[RecordId, dict[str, Any]]]:
+        """The connector's generation and every record of it that decrypts, read together: a write
+        based on these records passes that generation."""
         with self._lock:
-            return {record: secret for record, secret in self._read().items() if record.connector == connector}
+            found = {record: secret for record, secret in self._read().items() if record.connector == connector}
+            return self.generation(connector), found
+
+    def generation(self, connector: str) -> int:
+        """The connector's grant generation: 0 at start, one more after each ``revoke_connector``.
+        Reading it needs no lock (one dict lookup); ``put`` checks it under the lock."""
+        return self._generations.get(connector, 0)
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def put(self, record: RecordId, secret: Mapping[str, Any]) -> None:
-        """Store (or replace) the secret of ``record``, under a fresh nonce."""
+    def put(self, record: RecordId, secret: Mapping[str, Any], *, generation: int) -> None:
+        """Store (or replace) the secret of ``record``, under a fresh nonce. ``generation``: the
+        connector's generation the write's work started from; ``StaleGrant`` when it was revoked since."""
         with self._lock:
+            # SECURITY: checked under the lock revoke_connector bumps under: nothing revoked is stored again.
+            if generation != self.generation(record.connector):
+                raise StaleGrant(f"the grant of {record.connector} was revoked while this write was under way")
             current = self._read()
             current[record] = dict(secret)
             self._write(current)
@@ -239,15 +263,19 @@ class CredentialStore:
                 self._write(current)
             return found
 
-    def delete_connector(self, connector: str) -> int:
-        """Remove every record of a connector, readable or not; return how many went."""
+    def revoke_connector(self, connector: str) -> tuple[int, list[dict[str, Any]]]:
+        """Bump the connector's generation and remove every record of it, readable or not, in one step.
+        Returns how many records went and the secrets of those that decrypted (what the caller must
+        revoke remotely). A write begun before this returns is refused from now on (``put``)."""
         with self._lock:
+            self._generations[connector] = self.generation(connector) + 1
+            secrets = [secret for record, secret in self._read().items() if record.connector == connector]
             lines = list(self._lines())
             kept = [line for line in lines if _connector_of(line) != connector]
             if len(kept) != len(lines):
                 write_atomic(self.path, b"".join(kept))
             self.unreadable.discard(connector)
-            return len(lines) - len(kept)
+            return len(lines) - len(kept), secrets
 
     # -- the file ----------------------------------------------------------------------------------
 

@@ -18,7 +18,9 @@ from tests.oauth.fakes import ISSUER, open_store
 def _broker(tmp_path: Path, **grants: StoredGrant) -> Broker:
     store = open_store(tmp_path)
     for connector, grant in grants.items():
-        store.put(RecordId(connector, "default", ISSUER), grant.model_dump(mode="json", exclude_none=True))
+        store.put(
+            RecordId(connector, "default", ISSUER), grant.model_dump(mode="json", exclude_none=True), generation=0
+        )
     return Broker(store, redirect_uri=lambda: "http://127.0.0.1:1/oauth/callback", audit=lambda *a, **k: None)
 
 

@@ -82,7 +82,7 @@ async def _keeper(tmp_path: Path, clock: Clock, endpoint: TokenEndpoint, audit: 
         authorization_server=_metadata(),
         saved_at=T0,
     )
-    store.put(RecordId("remote", "default", ISSUER), grant.model_dump(mode="json", exclude_none=True))
+    store.put(RecordId("remote", "default", ISSUER), grant.model_dump(mode="json", exclude_none=True), generation=0)
     storage = CredentialTokenStorage(store, connector="remote", account="default", clock=clock)
     keeper = GrantKeeper(
         "remote",

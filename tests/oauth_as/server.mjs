@@ -5,7 +5,12 @@
 // Env: AT_TTL (access token seconds, default 3600); NO_S256=1 strips code_challenge_methods_supported
 // from the metadata (an AS sidecar must refuse); CIMD=1 advertises client_id_metadata_document_supported (the
 // metadata only: a client id URL is not resolved, so the authorization request itself is not answered); STATIC_CLIENT_ID, STATIC_CLIENT_SECRET and STATIC_REDIRECT_URI
-// add a pre-registered confidential client; NO_REGISTRATION=1 turns dynamic registration off. Prints one
+// add a pre-registered confidential client; NO_REGISTRATION=1 turns dynamic registration off;
+// TOKEN_ONLY_REVOCATION=1 makes a revocation end only the token named, not its whole grant (RFC 7009 §2.1
+// lets an AS do either: a client must revoke every token it holds); LOG_TOKENS=1 adds the tokens issued to
+// each grant event (a test AS: it lets a test introspect every token a client ever obtained);
+// TOKEN_DELAY_MS=n logs each token request as it arrives and holds its answer n ms (a race test's window:
+// the tokens are issued, the client has not got them yet). Prints one
 // JSON line per token-endpoint event and per dynamic registration to stdout.
 import http from 'node:http';
 import Provider from 'oidc-provider';
@@ -43,7 +48,10 @@ const provider = new Provider(issuer, {
   ttl: { AccessToken: Number(process.env.AT_TTL || 3600) },
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
 });
-provider.on('grant.success', (ctx) => console.log(JSON.stringify({ event: 'grant', type: ctx.oidc.params.grant_type })));
+provider.on('grant.success', (ctx) => {
+  const tokens = process.env.LOG_TOKENS === '1' ? [ctx.body?.access_token, ctx.body?.refresh_token].filter(Boolean) : undefined;
+  console.log(JSON.stringify({ event: 'grant', type: ctx.oidc.params.grant_type, tokens }));
+});
 provider.on('registration_create.success', (ctx, client) => console.log(JSON.stringify({ event: 'registration', client: client.clientId })));
 provider.on('grant.error', (ctx, err) => console.log(JSON.stringify({ event: 'grant.error', error: err.error })));
 provider.on('server_error', (ctx, err) => console.error(err));
@@ -67,6 +75,21 @@ async function interaction(req, res) {
   return provider.interactionFinished(req, res, { consent: { grantId } }, { mergeWithLastSubmission: true });
 }
 
+// TOKEN_ONLY_REVOCATION=1: RFC 7009 revocation of the one token named (oidc-provider's own endpoint ends
+// every token of the grant). No client authentication: this is a test AS.
+async function revokeOneToken(req, res) {
+  const chunks = [];
+  for await (const chunk of req) chunks.push(chunk);
+  const value = new URLSearchParams(Buffer.concat(chunks).toString()).get('token');
+  for (const model of [provider.AccessToken, provider.RefreshToken]) {
+    const token = value ? await model.find(value, { ignoreExpiration: true }) : undefined;
+    if (token) await token.destroy();
+  }
+  console.log(JSON.stringify({ event: 'revocation' }));
+  res.statusCode = 200;
+  res.end();
+}
+
 function editMetadata(res, edit) {
   const end = res.end.bind(res);
   res.end = (chunk, ...rest) => {
@@ -82,6 +105,15 @@ http
   .createServer((req, res) => {
     if (req.url.startsWith('/interaction/')) {
       interaction(req, res).catch((err) => { console.error(err); res.statusCode = 500; res.end(); });
+      return;
+    }
+    if (process.env.TOKEN_DELAY_MS && req.method === 'POST' && req.url === '/token') {
+      console.log(JSON.stringify({ event: 'token_request' }));
+      const end = res.end.bind(res);
+      res.end = (...args) => { setTimeout(() => end(...args), Number(process.env.TOKEN_DELAY_MS)); return res; };
+    }
+    if (process.env.TOKEN_ONLY_REVOCATION === '1' && req.method === 'POST' && req.url === '/token/revocation') {
+      revokeOneToken(req, res).catch((err) => { console.error(err); res.statusCode = 500; res.end(); });
       return;
     }
     if (req.url.startsWith('/.well-known/')) {

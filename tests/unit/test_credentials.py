@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.errors import StorageError
+from sidecar.errors import StaleGrant, StorageError
 from sidecar.store.credentials import CredentialStore, DeferredKey, FileKey, RecordId, choose_key_source
 
 GITHUB = RecordId("github", "octocat", "https://github.com/login/oauth")
@@ -37,8 +37,8 @@ def _rewrite(store: CredentialStore, records: list[dict[str, object]]) -> None:
 
 
 def test_a_secret_round_trips_and_never_reaches_the_disk_in_the_clear(store: CredentialStore) -> None:
-    store.put(GITHUB, SECRET)
-    store.put(LINEAR, {"access_token": "lin_other"})
+    store.put(GITHUB, SECRET, generation=0)
+    store.put(LINEAR, {"access_token": "lin_other"}, generation=0)
 
     assert store.get(GITHUB) == SECRET
     assert store.get(LINEAR) == {"access_token": "lin_other"}
@@ -50,17 +50,17 @@ def test_a_secret_round_trips_and_never_reaches_the_disk_in_the_clear(store: Cre
 
 
 def test_every_write_seals_under_a_fresh_nonce(store: CredentialStore) -> None:
-    store.put(GITHUB, SECRET)
+    store.put(GITHUB, SECRET, generation=0)
     first = _lines(store)[0]
-    store.put(GITHUB, SECRET)
+    store.put(GITHUB, SECRET, generation=0)
     second = _lines(store)[0]
     assert first["nonce"] != second["nonce"] and first["data"] != second["data"]
     assert len(base64.urlsafe_b64decode(str(second["nonce"]))) == 12
 
 
 def test_a_record_moved_to_another_connector_does_not_open(store: CredentialStore) -> None:
-    store.put(GITHUB, SECRET)
-    store.put(LINEAR, {"access_token": "lin_other"})
+    store.put(GITHUB, SECRET, generation=0)
+    store.put(LINEAR, {"access_token": "lin_other"}, generation=0)
     records = _lines(store)
     github = next(r for r in records if r["connector"] == "github")
     _rewrite(store, [r for r in records if r["connector"] != "linear"] + [{**github, "connector": "linear"}])
@@ -72,7 +72,7 @@ def test_a_record_moved_to_another_connector_does_not_open(store: CredentialStor
 
 @pytest.mark.parametrize("field", ["account", "issuer"])
 def test_a_record_moved_to_another_account_or_issuer_does_not_open(store: CredentialStore, field: str) -> None:
-    store.put(GITHUB, SECRET)
+    store.put(GITHUB, SECRET, generation=0)
     (record,) = _lines(store)
     _rewrite(store, [{**record, field: "someone-else"}])
     assert store.records("github") == []
@@ -80,8 +80,8 @@ def test_a_record_moved_to_another_account_or_issuer_does_not_open(store: Creden
 
 
 def test_a_tampered_record_costs_its_connector_only(store: CredentialStore) -> None:
-    store.put(GITHUB, SECRET)
-    store.put(LINEAR, {"access_token": "lin_other"})
+    store.put(GITHUB, SECRET, generation=0)
+    store.put(LINEAR, {"access_token": "lin_other"}, generation=0)
     records = _lines(store)
     github = next(r for r in records if r["connector"] == "github")
     sealed = bytearray(base64.urlsafe_b64decode(str(github["data"])))
@@ -95,8 +95,8 @@ def test_a_tampered_record_costs_its_connector_only(store: CredentialStore) -> N
 
 
 def test_a_truncated_or_garbled_store_costs_only_what_it_cut(store: CredentialStore) -> None:
-    store.put(GITHUB, SECRET)
-    store.put(LINEAR, {"access_token": "lin_other"})
+    store.put(GITHUB, SECRET, generation=0)
+    store.put(LINEAR, {"access_token": "lin_other"}, generation=0)
     raw = store.path.read_bytes()
     store.path.write_bytes(b"not json at all\n" + raw[: len(raw) - 20])  # the last record cut short
 
@@ -105,28 +105,46 @@ def test_a_truncated_or_garbled_store_costs_only_what_it_cut(store: CredentialSt
 
 
 def test_a_new_sign_in_replaces_an_unreadable_record(store: CredentialStore) -> None:
-    store.put(GITHUB, SECRET)
+    store.put(GITHUB, SECRET, generation=0)
     (record,) = _lines(store)
     _rewrite(store, [{**record, "data": "AAAA"}])
     assert store.get(GITHUB) is None and store.unreadable == {"github"}
 
-    store.put(GITHUB, {"access_token": "gho_new"})
+    store.put(GITHUB, {"access_token": "gho_new"}, generation=0)
     assert store.get(GITHUB) == {"access_token": "gho_new"}
     assert store.unreadable == set()
     assert len(_lines(store)) == 1
 
 
-def test_deleting_a_connector_removes_its_readable_and_unreadable_records(store: CredentialStore) -> None:
-    store.put(GITHUB, SECRET)
-    store.put(RecordId("github", "other", GITHUB.issuer), {"access_token": "x"})
-    store.put(LINEAR, {"access_token": "lin_other"})
+def test_revoking_a_connector_removes_its_readable_and_unreadable_records(store: CredentialStore) -> None:
+    store.put(GITHUB, SECRET, generation=0)
+    store.put(RecordId("github", "other", GITHUB.issuer), {"access_token": "x"}, generation=0)
+    store.put(LINEAR, {"access_token": "lin_other"}, generation=0)
     records = _lines(store)
     records[0]["data"] = "AAAA"
     _rewrite(store, records)
 
-    assert store.delete_connector("github") == 2
+    deleted, secrets = store.revoke_connector("github")
+    assert deleted == 2 and len(secrets) == 1  # what decrypted comes back, to be revoked remotely
     assert store.records("github") == []
     assert store.get(LINEAR) == {"access_token": "lin_other"}
+
+
+def test_a_write_begun_before_a_revoke_is_refused_and_one_begun_after_is_stored(store: CredentialStore) -> None:
+    store.put(GITHUB, SECRET, generation=0)
+    started = store.generation("github")
+    other = store.generation("linear")
+
+    store.revoke_connector("github")
+    with pytest.raises(StaleGrant):
+        store.put(GITHUB, {"access_token": "gho_from_a_refresh_in_flight"}, generation=started)
+    assert store.records("github") == []
+    store.put(LINEAR, {"access_token": "lin_other"}, generation=other)  # another connector's grant is untouched
+
+    generation, found = store.snapshot("github")
+    assert generation == started + 1 and found == {}
+    store.put(GITHUB, SECRET, generation=generation)  # a sign-in after the revoke
+    assert store.get(GITHUB) == SECRET
 
 
 def test_a_key_file_that_is_not_a_key_is_refused(tmp_path: Path) -> None:
@@ -163,7 +181,7 @@ _KEYRING_PROBE = textwrap.dedent(
     source = choose_key_source("sidecar-test", Path(sys.argv[1]) / "credentials.key")
     store = CredentialStore(Path(sys.argv[1]) / "credentials.enc", source)
     record = RecordId("github", "octocat", "https://github.com/login/oauth")
-    store.put(record, {"access_token": "gho_in_the_keyring"})
+    store.put(record, {"access_token": "gho_in_the_keyring"}, generation=0)
     again = CredentialStore(Path(sys.argv[1]) / "credentials.enc", KeyringKey("sidecar-test"))
     print(json.dumps({"backend": type(keyring.get_keyring()).__module__, "kind": type(source).__name__,
                       "describe": source.describe(), "read": again.get(record)}))
@@ -212,7 +230,7 @@ def test_the_key_source_is_chosen_only_when_a_credential_is_first_used(
     assert not (tmp_path / "credentials.key").exists()
 
     store = CredentialStore(tmp_path / "credentials.enc", key)
-    store.put(GITHUB, SECRET)  # the first use chooses: no keyring here, so a key file
+    store.put(GITHUB, SECRET, generation=0)  # the first use chooses: no keyring here, so a key file
     assert key.insecure and key.describe().startswith("credential key in a file (no OS keyring)")
     again = CredentialStore(tmp_path / "credentials.enc", DeferredKey("test-home", tmp_path / "credentials.key"))
     assert again.get(GITHUB) == SECRET
