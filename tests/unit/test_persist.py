@@ -313,10 +313,10 @@ def test_an_envelope_key_the_store_refused_is_stored_before_the_file_is_written(
     real_put = store.put
     store_down = [True]
 
-    def put(record: Any, secret: Any) -> None:
+    def put(record: Any, secret: Any, *, generation: int) -> None:
         if store_down[0]:
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        real_put(record, secret)
+        real_put(record, secret, generation=generation)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store, "put", put)
