@@ -163,6 +163,30 @@ def test_a_misspelt_flag_or_command_is_caught() -> None:
     assert check_command("connectors")
 
 
+def test_every_command_in_the_contracts_table_exists_with_its_flags() -> None:
+    # docs/contract.md §2 is the reference the README points to: its table rows must match the parser too.
+    text = (REPO / "docs" / "contract.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `sidecar ([^`]+)` \|", text, re.MULTILINE)
+    assert len(rows) >= 20, rows
+    # `show\|trust ID` → `show ID` (the first of the alternatives); `[--port N]` → `--port N`.
+    commands = [re.sub(r"(\S+?)(?:\\\|\S+?)+(?=\s|$)", r"\1", row).replace("[", "").replace("]", "") for row in rows]
+    problems = [problem for command in commands for problem in check_command(command)]
+    assert not problems, "\n".join(problems)
+    # And the table is whole: every command the parser has is a row (each of a row's alternatives counts).
+    documented = {" ".join(w for w in words if re.fullmatch(r"[a-z-]+", w)) for row in rows for words in _expand(row)}
+    leaves = {" ".join(path) for path in every_command_path() if path and path != ("service",)}
+    missing = sorted(leaf for leaf in leaves if not any(d.startswith(leaf) for d in documented))
+    assert not missing, f"commands missing from docs/contract.md §2: {missing}"
+
+
+def _expand(row: str) -> list[list[str]]:
+    """A table row's command words for each of its alternatives: `show\\|trust ID` → show ID, trust ID."""
+    words = row.split()[:3]
+    alternatives = [w.split("\\|") for w in words]
+    count = max(len(a) for a in alternatives)
+    return [[a[i] if i < len(a) else a[0] for a in alternatives] for i in range(count)]
+
+
 def test_every_flag_the_readme_names_alone_is_in_some_commands_help() -> None:
     known = {flag for path in every_command_path() for flag in _FLAG.findall(command_help(path)[1])}
     shown = {flag for span in _spans(_readme()) if span.startswith("--") for flag in _FLAG.findall(span)}
