@@ -1,6 +1,6 @@
 """Benchmark: the tool pool at 1 000 registered tools — ``tools/list``, ``tool_search`` and the decision.
 
-``--tools N`` generates N tools instead (the README's growth table runs 10, 1 000 and 10 000).
+``--tools N`` generates N tools instead (the growth table in docs/benchmarks.md runs 10, 1 000 and 10 000).
 
 A seeded ``ToolRegistry`` of 1 000 realistic tools (``github_create_issue``-style names, 20-40 word
 descriptions from a fixed vocabulary, 3-6 parameters, mostly LOW/MEDIUM and a few HIGH) is wired

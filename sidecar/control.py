@@ -1,7 +1,7 @@
 """The control API (``/control/...``, bearer = the control token from runtime.json).
 
 This is how the CLI and a desktop host drive the daemon: status, stop, sessions and routes. The
-README documents every route. Bodies are small JSON objects validated with pydantic (unknown fields
+contract §11 documents every route. Bodies are small JSON objects validated with pydantic (unknown fields
 are refused, so a typo is an error, not a silently ignored option).
 """
 

@@ -5,7 +5,7 @@ Sources (contract §5): packages in the repo's ``connectors/`` and ``<data>/conn
 config (and package files); trust lives in ``<state>/approvals.json``. Nothing untrusted is spawned or
 listed, and a config whose hash changed since it was trusted is ``changed`` until trusted again.
 
-The lifecycle's words (``ConnectorState``; README "Connector states"). A connector as a whole is:
+The lifecycle's words (``ConnectorState``; contract §5, "the table of states"). A connector as a whole is:
 
 - ``configured``: written in a config (a package, ``mcp.json``, a plugin), not trusted: nothing runs;
 - ``trusted``: the user trusted it as it is now; a session's process starts on its first use;
