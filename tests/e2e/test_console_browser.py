@@ -13,6 +13,7 @@ Chromium must be Debian's ``/usr/bin/chromium`` (``scripts/test`` installs it wh
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -26,7 +27,7 @@ from aiohttp import web
 
 from sidecar.bus.approvals import MAX_VALUE_SHOWN
 from tests.conftest import Daemon, mcp_client
-from tests.helpers import ECHO_SERVER, python_server, tool_text, trust, write_user_servers
+from tests.helpers import ECHO_SERVER, python_server, tool_text, trust, wait_until, write_user_servers
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -236,6 +237,19 @@ async def test_ending_a_session_in_the_console_refuses_its_clients_next_call(bro
             row = watched.page.locator(f'tr[data-session="{session["session_id"]}"]')
             await playwright_api.expect(row.locator("td").nth(6)).to_have_text("1", timeout=STEP)  # its client
             await screenshot(watched, "sessions")
+            # End asks first: dismissed, nothing ends; accepted, the session does.
+            asked: list[str] = []
+
+            async def answer(dialog: Any, accept: bool) -> None:
+                asked.append(dialog.message)
+                await (dialog.accept() if accept else dialog.dismiss())
+
+            watched.page.once("dialog", lambda dialog: asyncio.ensure_future(answer(dialog, False)))
+            await row.get_by_role("button", name="End").click()
+            await wait_until(lambda: bool(asked), timeout=STEP / 1000)
+            assert session["session_id"] in asked[0] and "to-end" in asked[0]
+            assert tool_text(await client.call_tool("calculate", {"expression": "6*7"})) == "42"  # still alive
+            watched.page.once("dialog", lambda dialog: asyncio.ensure_future(answer(dialog, True)))
             await row.get_by_role("button", name="End").click()
             await playwright_api.expect(row).to_have_count(0, timeout=STEP)
             with pytest.raises(Exception) as refused:  # whatever the SDK raises for the refusal it got

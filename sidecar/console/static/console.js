@@ -256,7 +256,11 @@
       el("td", {}, el("code", { text: s.allow.join(" ") })),
       el("td", { text: when(s.expires_at) }),
       el("td", { text: String(s.clients) }),
-      el("td", {}, el("button", { cls: "danger", text: "End", onclick: () => act("ended " + s.session_id, "POST", "sessions/" + s.session_id + "/end") })),
+      el("td", {}, el("button", { cls: "danger", text: "End", onclick: () => {
+        // Ending is not undone: its clients' next call is refused, so ask first.
+        const what = "End session " + s.session_id + " (project " + s.project_id + ")? Its clients' next call is refused.";
+        if (window.confirm(what)) act("ended " + s.session_id, "POST", "sessions/" + s.session_id + "/end");
+      } })),
     );
   }
 
