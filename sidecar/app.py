@@ -100,6 +100,7 @@ from sidecar.names import PROXY_ROUTE, is_mcp_endpoint
 from sidecar.net.frontdoor import FrontDoor
 from sidecar.net.guard import add_vary_origin, make_guard_middleware
 from sidecar.net.peer import PeerOwners
+from sidecar.oauth.binding import START_PATH
 from sidecar.oauth.broker import CALLBACK_PATH, Broker
 from sidecar.oauth.forward import Forwarder
 from sidecar.oauth.target import UpstreamRule
@@ -154,7 +155,8 @@ def build_app(
             make_guard_middleware(
                 port=lambda: runtime.port,
                 allowed_origins=settings.origin_tuples(),
-                fetch_site_exempt=lambda path: path == CALLBACK_PATH,  # a browser comes back cross-site
+                # A browser comes back from the AS cross-site, and comes to the start link from a file.
+                fetch_site_exempt=lambda path: path in (CALLBACK_PATH, START_PATH),
                 # The console's page calls the daemon (issue 14); an MCP client in a page the daemon
                 # serves is no foreign site either (issue 23): its route token is still required.
                 own_origin_paths=lambda path: is_console_path(path) or is_mcp_endpoint(path),

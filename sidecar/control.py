@@ -22,6 +22,7 @@ from sidecar.appkeys import (
     CONNECTORS,
     FRONT_DOOR,
     OAUTH,
+    REFUSALS,
     REGISTRY,
     ROUTES,
     RUNTIME,
@@ -36,6 +37,8 @@ from sidecar.errors import NotFound, RequestRejected
 from sidecar.http import json_response
 from sidecar.names import CONNECTOR_ID, PROXY_ROUTE, connector_grant, connector_route
 from sidecar.net.body import read_json
+from sidecar.oauth.binding import START_PATH
+from sidecar.oauth.broker import CALLBACK_PATH, FLOW_TIMEOUT
 from sidecar.oauth.signin import sign_in_provider, sign_in_remote
 from sidecar.text import preview
 from sidecar.validation import render_errors
@@ -355,18 +358,45 @@ async def revoke_connector(request: web.Request) -> web.Response:
     return json_response(await app[OAUTH].revoke(connector_id))
 
 
+async def oauth_start(request: web.Request) -> web.Response:
+    """A sign-in's start link (``browser_url``): binds the flow to this browser with a cookie, then sends
+    it to the authorization server. The key is single use; a spent or unknown link changes nothing."""
+    from sidecar.oauth.pages import PAGE_HEADERS, callback_page
+
+    opened = request.app[OAUTH].open_in_browser(request.query.get("flow", ""), request.query.get("key", ""))
+    if opened is None:
+        request.app[REFUSALS].count("oauth_start", "unknown_link")
+        message = "This sign-in link is not valid any more (used, expired or unknown). Run the sign-in again."
+        return web.Response(
+            text=callback_page(ok=False, message=message), content_type="text/html", status=400, headers=PAGE_HEADERS
+        )
+    url, cookie = opened
+    response = web.Response(status=302, headers={**PAGE_HEADERS, "Location": url})
+    response.set_cookie(
+        cookie.name, cookie.value, path=CALLBACK_PATH, httponly=True, samesite="Lax", max_age=int(FLOW_TIMEOUT)
+    )
+    return response
+
+
 async def oauth_callback(request: web.Request) -> web.Response:
-    """The browser's way back from the authorization server (no token: ``state`` names the flow, once)."""
+    """The browser's way back from the authorization server: ``state`` names the flow, once, and only the
+    browser that opened the flow's start link (its cookie) may finish it."""
     from sidecar.oauth.pages import PAGE_HEADERS, callback_page
 
     query = request.query
-    ok, message = await request.app[OAUTH].complete(
-        state=query.get("state"), code=query.get("code"), iss=query.get("iss"), error=query.get("error")
+    answer = await request.app[OAUTH].complete(
+        state=query.get("state"),
+        code=query.get("code"),
+        iss=query.get("iss"),
+        error=query.get("error"),
+        cookies=request.cookies,
     )
+    if answer.refused is not None:
+        request.app[REFUSALS].count("oauth_callback", answer.refused)  # one record a minute, never one per try
     return web.Response(
-        text=callback_page(ok=ok, message=message),
+        text=callback_page(ok=answer.ok, message=answer.message),
         content_type="text/html",
-        status=200 if ok else 400,
+        status=200 if answer.ok else 400,
         headers=PAGE_HEADERS,
     )
 
@@ -389,7 +419,8 @@ def add_control_routes(app: web.Application) -> None:
     r.add_post("/control/connectors/{connector_id}/untrust", untrust_connector)
     r.add_post("/control/connectors/{connector_id}/connect", connect_connector)
     r.add_post("/control/connectors/{connector_id}/revoke", revoke_connector)
-    r.add_get("/oauth/callback", oauth_callback)
+    r.add_get(START_PATH, oauth_start)
+    r.add_get(CALLBACK_PATH, oauth_callback)
     r.add_get("/control/approvals", list_approvals)
     r.add_get("/control/approvals/{approval_id}", get_approval)
     r.add_post("/control/approvals/{approval_id}/allow", allow_approval)

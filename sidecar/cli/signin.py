@@ -1,9 +1,10 @@
 """``sidecar connectors connect ID``: start a sign-in in the daemon, open the browser, wait for the outcome.
 
 The daemon runs the flow and receives the browser's answer on its own ``/oauth/callback``; this side
-opens the authorization URL (through a private file, never on a command line: ``cli.browser``; the
-browser is ``webbrowser``'s, which honours ``$BROWSER``) or prints it with ``--no-browser``, and polls
-the connector's sign-in state (bounded) until it is ``ready`` or ``error``.
+opens the flow's start link (``browser_url``: a daemon page that binds the flow to that browser, then
+sends it to the authorization server) through a private file, never on a command line (``cli.browser``;
+the browser is ``webbrowser``'s, which honours ``$BROWSER``), or prints it with ``--no-browser``, and
+polls the connector's sign-in state (bounded) until it is ``ready`` or ``error``.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def connect(
 ) -> int:
     """``client_info``: a package's OAuth client the user registered (``client_id``, ``client_secret_file``)."""
     started = client.call("POST", f"/control/connectors/{connector_id}/connect", client_info)
-    url = started.get("authorization_url")
-    if url is None:
+    if started.get("authorization_url") is None:
         print(f"{connector_id}: no sign-in needed (sign-in state: {started.get('auth')})")
         return 0
-    check_authorization_url(url)  # SECURITY: only https (or loopback http) reaches the browser
+    check_authorization_url(started["authorization_url"])  # SECURITY: only https (or loopback http) is opened
+    url = started["browser_url"]  # the daemon's start link, which leads there
     what = f"signin-{connector_id}"
     try:
         if not browser:

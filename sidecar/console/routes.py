@@ -226,7 +226,7 @@ async def api_connector_action(request: web.Request) -> web.Response:
     if action == "connect":
         flow = await start_sign_in(app, connector_id)
         if flow.get("authorization_url") is not None:
-            # SECURITY: the page opens it: only https (or loopback http), never javascript: or data:.
+            # SECURITY: the start link the page opens leads there: only https (or loopback http).
             check_authorization_url(str(flow["authorization_url"]))
         return json_response(flow, headers={"Cache-Control": "no-store"})
     if action == "revoke":

@@ -6,7 +6,8 @@
 - **Sign-in** (``connect``) runs the SDK's provider (``flow.build_provider``: discovery, registration,
   PKCE S256 and the S256 rule, ``resource``, the ``iss`` check) in a task of its own, driven by
   ``_CallbackDriver``: the authorization URL goes back to whoever asked (the CLI opens a browser),
-  and the code comes in on the daemon's own ``/oauth/callback``, matched by ``state`` (single use).
+  and the code comes in on the daemon's own ``/oauth/callback``, matched by ``state`` (single use) and
+  accepted only from the browser that opened the flow's start link (``binding``: ``browser_url``).
   One pending flow per connector (a second ``connect`` joins it); a flow ends after ``FLOW_TIMEOUT``.
 - **Revocation** wins over whatever is in flight (issue 24). It forgets the grant in memory (no refresh
   starts after), bumps the grant's generation and deletes every record in one step
@@ -37,7 +38,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 import anyio.to_thread
@@ -45,18 +46,19 @@ import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult
-from pydantic import ValidationError
 
 from sidecar.errors import Conflict, StaleGrant, StorageError, find_error
+from sidecar.oauth.binding import BrowserBinding, FlowCookie
+from sidecar.oauth.declared import PreRegistered
 from sidecar.oauth.flow import AuthorizationRefused, build_provider, s256_guard
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn
 from sidecar.oauth.provider import ProviderClient, sign_in
 from sidecar.oauth.revocation import Revoker
-from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant, registered_client
+from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant, grants_in
 from sidecar.store.credentials import CredentialStore
 from sidecar.text import preview
 
-__all__ = ["ACCOUNT", "CALLBACK_PATH", "FLOW_TIMEOUT", "Broker", "PreRegistered"]
+__all__ = ["ACCOUNT", "CALLBACK_PATH", "FLOW_TIMEOUT", "Broker", "Callback", "PreRegistered"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,18 +78,6 @@ LATE_TIMEOUT: Final = FLOW_TIMEOUT
 """Seconds the background goes on waiting for work a revoke did not see end (a sign-in's own bound)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PreRegistered:
-    """How the user's ``"oauth"`` entry says sidecar is known to the AS, instead of registering there: a
-    client registered beforehand, or (``metadata_document``) a Client ID Metadata Document whose URL is
-    the client id, used where the AS supports those (the SDK registers dynamically elsewhere)."""
-
-    client_id: str
-    client_secret: str | None = None
-    scopes: tuple[str, ...] = ()
-    metadata_document: bool = False
-
-
 @dataclass(slots=True)
 class _Flow:
     id: str
@@ -100,6 +90,19 @@ class _Flow:
     state_key: bytes | None = None
     outcome: str | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    binding: BrowserBinding = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.binding = BrowserBinding(self.id)
+
+
+class Callback(NamedTuple):
+    """What ``/oauth/callback`` tells the browser; ``refused`` names why when no flow took the request
+    (counted in aggregate, never audited one by one)."""
+
+    ok: bool
+    message: str
+    refused: str | None = None
 
 
 Audit = Callable[..., object]
@@ -202,7 +205,8 @@ class Broker:
         headers: Mapping[str, str],
         client: PreRegistered | None = None,
     ) -> dict[str, Any]:
-        """Start (or join) the connector's sign-in; return ``{"authorization_url", "flow"}``.
+        """Start (or join) the connector's sign-in; return ``{"authorization_url", "browser_url", "flow"}``:
+        ``browser_url`` is the link to open in the browser (``binding``), which leads there.
 
         ``authorization_url`` is None when the server let us in without one (no sign-in needed, or the
         stored grant still works). Raises ``AuthorizationRefused`` when the server is unsafe to sign in
@@ -236,7 +240,24 @@ class Broker:
             authorization_url = await asyncio.wait_for(asyncio.shield(flow.url), URL_TIMEOUT)
         except TimeoutError:
             raise Conflict(f"the sign-in of {connector_id} did not produce an authorization URL in time") from None
-        return {"authorization_url": authorization_url, "flow": flow.id, **self.public(connector_id)}
+        origin = self._redirect_uri().removesuffix(CALLBACK_PATH)
+        browser_url = flow.binding.link(origin) if authorization_url is not None else None
+        return {
+            "authorization_url": authorization_url,
+            "browser_url": browser_url,
+            "flow": flow.id,
+            **self.public(connector_id),
+        }
+
+    def open_in_browser(self, flow_id: str, key: str) -> tuple[str, FlowCookie] | None:
+        """The start link was opened: the authorization URL to send the browser to, and the cookie that
+        binds the flow to it; None for a spent or unknown link, or a flow that has ended."""
+        flow = next((f for f in self._flows.values() if f.id == flow_id), None)
+        if flow is None or flow.result.done() or not flow.url.done() or flow.url.exception() is not None:
+            return None
+        url = flow.url.result()
+        cookie = flow.binding.spend(key)
+        return None if url is None or cookie is None else (url, cookie)
 
     async def _run_provider(self, flow: _Flow, keeper: GrantKeeper, provider: ProviderClient) -> None:
         storage = self._storage(flow.connector_id, generation=flow.generation)
@@ -287,7 +308,7 @@ class Broker:
 
         async def initialize() -> None:
             if client is not None and not client.metadata_document:
-                await _seed_client(storage, client, redirect_uri)
+                await storage.seed_client(client, redirect_uri=redirect_uri)
             async with (
                 httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT, event_hooks=hooks) as http,
                 streamable_http_client(url, http_client=http) as (read, write),
@@ -344,17 +365,33 @@ class Broker:
         self._by_state[flow.state_key] = flow
 
     async def complete(
-        self, *, state: str | None, code: str | None, iss: str | None, error: str | None
-    ) -> tuple[bool, str]:
-        """The browser came back to ``/oauth/callback``: hand the flow its code; (ok, what to tell the user)."""
+        self,
+        *,
+        state: str | None,
+        code: str | None,
+        iss: str | None,
+        error: str | None,
+        cookies: Mapping[str, str],
+    ) -> Callback:
+        """The browser came back to ``/oauth/callback``: hand the flow its code if this browser opened it."""
         if not state:
-            return False, "This page is only for finishing a sidecar sign-in; it was opened without one."
+            return Callback(False, "This page only finishes a sidecar sign-in; it was opened without one.", "no_state")
         key = hashlib.sha256(state.encode()).digest()
-        flow = self._by_state.pop(key, None)  # SECURITY: single use; the state is 256 random bits from the SDK
+        flow = self._by_state.get(key)
         if flow is None or flow.state_key is None or not hmac.compare_digest(flow.state_key, key):
-            return False, "This sign-in link is not valid any more (used, expired or unknown). Run the sign-in again."
+            stale = "This sign-in link is not valid any more (used, expired or unknown). Run the sign-in again."
+            return Callback(False, stale, "unknown_state")
+        if not flow.binding.admits(cookies):
+            # SECURITY: a state alone (leaked from a URL) finishes nothing and spends nothing.
+            return Callback(
+                False,
+                "This sign-in was not started in this browser. Open the link that sidecar connectors connect "
+                "gave you (or the console's Connect) in the browser you sign in with.",
+                "unbound_browser",
+            )
+        del self._by_state[key]  # SECURITY: single use; the state is 256 random bits from the SDK
         if flow.result.done():
-            return False, "This sign-in has already been answered."
+            return Callback(False, "This sign-in has already been answered.")
         if error:
             flow.result.set_exception(AuthorizationRefused(f"the authorization server answered {error[:64]!r}"))
         elif not code:
@@ -365,8 +402,8 @@ class Broker:
             await asyncio.wait_for(flow.done.wait(), CALLBACK_WAIT)
         cid = flow.connector_id
         if self.keeper(cid).state is SignIn.READY:
-            return True, f"sidecar is signed in to {cid}. You can close this tab."
-        return False, f"The sign-in to {cid} did not complete: {flow.outcome or 'still in progress'}"
+            return Callback(True, f"sidecar is signed in to {cid}. You can close this tab.")
+        return Callback(False, f"The sign-in to {cid} did not complete: {flow.outcome or 'still in progress'}")
 
     # -- revocation ------------------------------------------------------------------------------
 
@@ -379,7 +416,7 @@ class Broker:
         collected = self._revoker.collect(connector_id)
         deleted, secrets = await anyio.to_thread.run_sync(self.store.revoke_connector, connector_id)
         keeper.forget("revoked by the user")  # nor does a grant read before the delete stay in memory
-        collected.extend(_grants(connector_id, secrets))
+        collected.extend(grants_in(connector_id, secrets))
         for listener in self._listeners:
             await listener(connector_id, "revoked")
         in_flight = asyncio.ensure_future(self._in_flight_ended(keeper, flow))
@@ -446,27 +483,6 @@ class _CallbackDriver:
         if not self._flow.url.done():
             self._flow.url.set_result(url)
         return await self._flow.result  # bounded by the flow's own timeout
-
-
-async def _seed_client(storage: CredentialTokenStorage, client: PreRegistered, redirect_uri: str) -> None:
-    """Store the pre-registered client before the first request, which skips registration (the SDK's way)."""
-    current = await storage.get_client_info()
-    if current is not None and current.client_id == client.client_id and current.client_secret == client.client_secret:
-        return
-    await storage.set_client_info(
-        registered_client(client.client_id, client.client_secret, redirect_uri=redirect_uri, scopes=client.scopes)
-    )
-
-
-def _grants(connector_id: str, secrets: list[dict[str, Any]]) -> list[StoredGrant]:
-    """The deleted records that parse as grants (what may hold tokens to revoke)."""
-    grants = []
-    for secret in secrets:
-        try:
-            grants.append(StoredGrant.model_validate(secret))
-        except ValidationError:
-            logger.warning("a deleted OAuth record of %s has an unknown shape; nothing in it is revoked", connector_id)
-    return grants
 
 
 def _describe(exc: BaseException) -> str:

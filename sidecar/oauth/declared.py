@@ -5,6 +5,7 @@ The connectors' manifests validate the files and build these (``connectors.manif
 
 - ``OAuthClient``: an HTTP entry's ``"oauth"`` block in ``mcp.json``, the client to sign in to a remote
   MCP server as (its secret stays in its file until a sign-in reads it);
+- ``PreRegistered``: the client it stands for once its secret is read (how the broker signs in as it);
 - ``Provider``: a package's ``oauth-client.json``, the provider it signs in to and the ``upstream`` API
   the internal API may forward its requests to (``UpstreamApi``).
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-__all__ = ["OAuthClient", "Provider", "UpstreamApi"]
+__all__ = ["OAuthClient", "PreRegistered", "Provider", "UpstreamApi"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,18 @@ class OAuthClient:
     """The registered client's id, or (``metadata_document``) the URL of its Client ID Metadata Document."""
     secret_file: Path | None
     scopes: tuple[str, ...]
+    metadata_document: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PreRegistered:
+    """How the user's ``"oauth"`` entry says sidecar is known to the AS, instead of registering there: a
+    client registered beforehand, or (``metadata_document``) a Client ID Metadata Document whose URL is
+    the client id, used where the AS supports those (the SDK registers dynamically elsewhere)."""
+
+    client_id: str
+    client_secret: str | None = None
+    scopes: tuple[str, ...] = ()
     metadata_document: bool = False
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from sidecar.errors import AuthorizationRefused, RequestRejected, StorageError
-from sidecar.oauth.broker import Broker, PreRegistered
-from sidecar.oauth.declared import OAuthClient, Provider
+from sidecar.oauth.broker import Broker
+from sidecar.oauth.declared import OAuthClient, PreRegistered, Provider
 from sidecar.oauth.provider import ProviderClient
 from sidecar.store.files import read_private
 

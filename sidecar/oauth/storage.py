@@ -42,10 +42,11 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthMetadata, OAuthToke
 from pydantic import AnyUrl, BaseModel, ConfigDict, ValidationError
 
 from sidecar.errors import StaleGrant, StorageError
+from sidecar.oauth.declared import PreRegistered
 from sidecar.oauth.sdk_context import Discovered, discovered, restore
 from sidecar.store.credentials import CredentialStore, RecordId
 
-__all__ = ["CredentialTokenStorage", "StoredGrant", "Superseded", "registered_client"]
+__all__ = ["CredentialTokenStorage", "StoredGrant", "Superseded", "grants_in", "registered_client"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +102,17 @@ class StoredGrant(BaseModel):
     superseded: list[Superseded] = []
     """Access tokens earlier refreshes replaced, not yet expired: a revoke ends them too (their refresh
     tokens were spent by the rotation)."""
+
+
+def grants_in(connector_id: str, secrets: list[dict[str, Any]]) -> list[StoredGrant]:
+    """The records (deleted ones, say) that parse as grants: what may hold tokens to revoke."""
+    grants = []
+    for secret in secrets:
+        try:
+            grants.append(StoredGrant.model_validate(secret))
+        except ValidationError:
+            logger.warning("a deleted OAuth record of %s has an unknown shape; nothing in it is revoked", connector_id)
+    return grants
 
 
 class CredentialTokenStorage:
@@ -165,6 +177,14 @@ class CredentialTokenStorage:
         if client is not None and client.scope is not None and not self._scope_needed <= set(client.scope.split()):
             return None  # registered for less than this sign-in must ask for: register again
         return client
+
+    async def seed_client(self, client: PreRegistered, *, redirect_uri: str) -> None:
+        """Store a pre-registered client before the first request, which skips registration (the SDK's way)."""
+        current = await self.get_client_info()
+        given = (client.client_id, client.client_secret)
+        if current is not None and (current.client_id, current.client_secret) == given:
+            return
+        await self.set_client_info(registered_client(*given, redirect_uri=redirect_uri, scopes=client.scopes))
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         grants = await self._loaded()

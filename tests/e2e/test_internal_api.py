@@ -184,7 +184,7 @@ async def sign_in(world: World, tmp_path: Path, connector_id: str = "up") -> Non
     body = {"client_id": CLIENT_ID, "client_secret_file": str(secret)}
     started = await world.daemon.control("POST", f"/control/connectors/{connector_id}/connect", body)
     assert started["authorization_url"].startswith(world.issuer), started
-    page = await browse(started["authorization_url"])
+    page = await browse(started["browser_url"])
     assert page.status_code == 200 and "You can close this tab" in page.text, page.text
     assert (await world.daemon.control("GET", f"/control/connectors/{connector_id}"))["auth"] == "ready"
 

@@ -146,7 +146,7 @@ async def trust_remote(daemon: Daemon, servers: Servers) -> dict[str, Any]:
 async def sign_in(daemon: Daemon) -> None:
     started = await daemon.control("POST", "/control/connectors/remote/connect")
     assert started["authorization_url"].startswith("http://127.0.0.1:"), started
-    page = await browse(started["authorization_url"])
+    page = await browse(started["browser_url"])
     assert page.status_code == 200, page.text
     assert "You can close this tab" in page.text
     assert page.url.path == "/oauth/callback"
@@ -402,7 +402,7 @@ async def test_a_call_refused_for_scope_asks_for_a_sign_in_with_the_union_of_sco
     started = await daemon.control("POST", "/control/connectors/remote/connect")
     asked = parse_qs(urlsplit(started["authorization_url"]).query)["scope"][0].split()
     assert {"mcp", "admin"} <= set(asked), asked
-    page = await browse(started["authorization_url"])
+    page = await browse(started["browser_url"])
     assert "You can close this tab" in page.text, page.text
     async with asyncio.timeout(BOUND), mcp_client(session) as client:
         assert tool_text(await client.call_tool("mcp__remote__admin_echo", {"text": "up"})) == "up"
@@ -461,11 +461,31 @@ async def test_a_sign_in_not_finished_in_time_ends_and_its_link_stops_working(
     assert joined["authorization_url"] == started["authorization_url"]  # one pending flow per connector
     shown = await _auth_state(daemon, "error")
     assert "was not finished within" in shown["auth_reason"], shown
-    page = await browse(started["authorization_url"])
+    page = await browse(started["browser_url"])
     assert "not valid any more" in page.text and "You can close this tab" not in page.text
     assert not servers.grants("authorization_code")  # the late code was never exchanged
     again = await daemon.control("POST", "/control/connectors/remote/connect")
     assert again["authorization_url"] != started["authorization_url"]
+
+
+async def test_a_state_alone_finishes_no_sign_in_only_the_browser_that_opened_the_start_link_does(
+    daemon: Daemon, servers: Servers
+) -> None:
+    await trust_remote(daemon, servers)
+    started = await daemon.control("POST", "/control/connectors/remote/connect")
+    # Another browser (or process) that learned the authorization URL, state and all, gets a code from
+    # the AS; the daemon's callback refuses it without the flow's cookie, and the state stays unspent.
+    for _ in range(3):
+        stolen = await browse(started["authorization_url"])
+        assert stolen.status_code == 400 and stolen.url.path == "/oauth/callback"
+        assert "not started in this browser" in stolen.text
+    assert not servers.grants("authorization_code")  # no stolen code was exchanged
+    assert (await daemon.control("GET", "/control/connectors/remote"))["auth"] == "starting"
+    page = await browse(started["browser_url"])
+    assert page.status_code == 200 and "You can close this tab" in page.text
+    assert len(servers.grants("authorization_code")) == 1
+    spent = await browse(started["browser_url"])  # a start link works once
+    assert spent.status_code == 400 and "not valid any more" in spent.text
 
 
 async def test_revoke_during_a_sign_in_ends_it_and_nothing_is_stored(daemon: Daemon, servers: Servers) -> None:
@@ -473,7 +493,7 @@ async def test_revoke_during_a_sign_in_ends_it_and_nothing_is_stored(daemon: Dae
     started = await daemon.control("POST", "/control/connectors/remote/connect")
     revoked = await daemon.control("POST", "/control/connectors/remote/revoke")
     assert revoked["auth"] == "unauthorized" and revoked["remote"] == "nothing to revoke", revoked
-    page = await browse(started["authorization_url"])
+    page = await browse(started["browser_url"])
     assert "not valid any more" in page.text, page.text
     assert not servers.grants("authorization_code")
     shown = await daemon.control("GET", "/control/connectors/remote")

@@ -60,3 +60,20 @@ async def test_failed_console_sign_ins_are_counted_not_recorded(tmp_path: Path, 
         assert paths.audit_file.read_bytes() == before
     refused = [r for r in _records(paths) if r["event"] == "request.refused"]
     assert [(r["route"], r["count"]) for r in refused] == [("console", 50)]
+
+
+async def test_sign_in_links_that_lead_nowhere_are_counted_not_recorded(tmp_path: Path, workspace: Path) -> None:
+    root = tmp_path / "home"
+    paths = Paths(config=root / "config", state=root / "state", data=root / "data")
+    async with running_daemon(paths, workspace) as daemon:
+        before = paths.audit_file.read_bytes()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http:
+            for n in range(100):
+                query = {"state": f"{MARK}{n}", "code": "c"} if n % 2 else {"flow": f"{MARK}{n}", "key": "k"}
+                path = "/oauth/callback" if n % 2 else "/oauth/start"
+                async with http.get(f"{daemon.url}{path}", params=query, allow_redirects=False) as answer:
+                    assert answer.status == 400 and "Set-Cookie" not in answer.headers
+        assert paths.audit_file.read_bytes() == before
+    refused = sorted((r["route"], r["count"], r["reasons"]) for r in _records(paths) if r["event"] == "request.refused")
+    assert refused == [("oauth_callback", 50, {"unknown_state": 50}), ("oauth_start", 50, {"unknown_link": 50})]
+    assert MARK not in paths.audit_file.read_text()

@@ -141,8 +141,9 @@
   async function connect(id) {
     try {
       const flow = await api("POST", "connectors/" + id + "/connect");
-      if (flow.authorization_url) {
-        window.open(flow.authorization_url, "_blank", "noopener,noreferrer");
+      if (flow.browser_url) {
+        // The daemon's start link binds the sign-in to this browser, then leads to the authorization server.
+        window.open(flow.browser_url, "_blank", "noopener,noreferrer");
         say("sign-in to " + id + " opened in a new tab");
       } else {
         say(id + ": no sign-in needed (" + flow.auth + ")");
