@@ -203,9 +203,22 @@ def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
     c = _client(paths).call("GET", f"/control/connectors/{args.connector_id}")
-    apart = ("last_failure", "billable", "tools", "learning_tools", "tool_risks")
+    apart = (
+        "last_failure",
+        "billable",
+        "tools",
+        "learning_tools",
+        "tool_risks",
+        "granted_scopes",
+        "granted_beyond_asked",
+    )
     shown = {k: v for k, v in c.items() if k not in apart}
     lines = [f"{k:<12} {v}" for k, v in shown.items() if v not in (None, [], {})]
+    if "granted_scopes" in c:
+        lines.append(f"scopes       granted: {' '.join(c['granted_scopes']) or '(none named)'}")
+        if c.get("granted_beyond_asked"):
+            wider = " ".join(c["granted_beyond_asked"])
+            lines.append(f"  more than the sign-in asked for: {wider} (the grant is kept; revoke to end it)")
     tools = c.get("tools") or []
     if c.get("learning_tools"):
         lines.append("tools        learning them now (it was just trusted): show it again in a moment")

@@ -49,6 +49,7 @@ from mcp.shared.auth import AuthorizationCodeResult
 
 from sidecar.errors import Conflict, StaleGrant, StorageError, find_error
 from sidecar.oauth.binding import BrowserBinding, FlowCookie
+from sidecar.oauth.capped import TokenCap
 from sidecar.oauth.declared import PreRegistered
 from sidecar.oauth.flow import AuthorizationRefused, build_provider, s256_guard
 from sidecar.oauth.grant import BrokerAuth, GrantKeeper, NeedsAuthorization, SignIn
@@ -310,7 +311,9 @@ class Broker:
             if client is not None and not client.metadata_document:
                 await storage.seed_client(client, redirect_uri=redirect_uri)
             async with (
-                httpx2.AsyncClient(auth=provider, headers=headers, timeout=HTTP_TIMEOUT, event_hooks=hooks) as http,
+                httpx2.AsyncClient(
+                    auth=provider, headers=headers, timeout=HTTP_TIMEOUT, event_hooks=hooks, transport=TokenCap()
+                ) as http,
                 streamable_http_client(url, http_client=http) as (read, write),
                 ClientSession(read, write) as session,
             ):
@@ -329,7 +332,10 @@ class Broker:
         if keeper.state is not SignIn.READY:
             keeper.set_state(SignIn.NONE)
         logger.info("sign-in of %s complete", cid)
-        self._audit("oauth.connect", connector=cid, outcome="ok")
+        wider = keeper.public().get("granted_beyond_asked")
+        if wider:  # kept, as the AS granted it, but never silently: shown and recorded
+            logger.warning("the sign-in of %s was granted more than it asked for: %s", cid, " ".join(wider))
+        self._audit("oauth.connect", connector=cid, outcome="ok", **({"granted_beyond_asked": wider} if wider else {}))
         for listener in self._listeners:
             try:  # before the flow is done: the callback page and the CLI see the connector usable
                 await listener(cid, "signed_in")

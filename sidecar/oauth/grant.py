@@ -47,6 +47,7 @@ from mcp.shared.auth import OAuthToken
 from pydantic import ValidationError
 
 from sidecar.errors import StaleGrant, ToolError
+from sidecar.oauth.capped import TokenCap, token_endpoint_failure
 from sidecar.oauth.stepup import StepUp, answer_with_error, scope_challenge
 from sidecar.oauth.storage import CredentialTokenStorage, StoredGrant
 
@@ -134,8 +135,14 @@ class GrantKeeper:
     # -- state ---------------------------------------------------------------------------------
 
     def public(self) -> dict[str, Any]:
+        """The sign-in state and, with a grant, its scopes: all granted, and those beyond what was asked."""
         reason = self.reason if self.state is not SignIn.READY else self.step_up.reason()
-        return {"auth": self.state.value, "auth_reason": reason}
+        shown: dict[str, Any] = {"auth": self.state.value, "auth_reason": reason}
+        grant = self._grant
+        if grant is not None and grant.tokens is not None:
+            shown["granted_scopes"] = grant.granted_scopes()
+            shown["granted_beyond_asked"] = grant.beyond_asked()
+        return shown
 
     def granted_scope(self) -> str | None:
         """The scope the current tokens were granted (as the AS said, or as asked when it said nothing)."""
@@ -282,11 +289,11 @@ class GrantKeeper:
     async def _exchange(self, grant: StoredGrant, *, forced: bool) -> StoredGrant:
         url, data, headers = refresh_request(grant, self._storage_server_url(grant), self.connector_id)
         try:
-            async with httpx2.AsyncClient(timeout=TOKEN_TIMEOUT, transport=self._transport) as http:
+            async with httpx2.AsyncClient(timeout=TOKEN_TIMEOUT, transport=TokenCap(self._transport)) as http:
                 response = await http.post(url, data=data, headers=headers)
             body = response.content
         except httpx2.HTTPError as exc:
-            return await self._backoff(grant, f"the token endpoint is unreachable ({type(exc).__name__})", forced)
+            return await self._backoff(grant, token_endpoint_failure(exc), forced)
         if response.status_code == 200:
             try:
                 tokens = OAuthToken.model_validate_json(body)

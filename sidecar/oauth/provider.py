@@ -38,6 +38,7 @@ from mcp.shared.auth import OAuthMetadata, OAuthToken
 from pydantic import AnyUrl, ValidationError
 
 from sidecar.errors import AuthorizationRefused
+from sidecar.oauth.capped import TokenCap, token_endpoint_failure
 from sidecar.oauth.declared import Provider
 from sidecar.oauth.flow import PKCE_METHOD, AuthorizationDriver, check_authorization_url, require_s256
 from sidecar.oauth.grant import client_auth
@@ -191,7 +192,7 @@ async def sign_in(
     transport: httpx2.AsyncBaseTransport | None = None,
 ) -> StoredGrant:
     """Run the whole flow; the grant is stored when it returns. ``AuthorizationRefused`` otherwise."""
-    async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT, transport=transport, follow_redirects=False) as http:
+    async with httpx2.AsyncClient(timeout=HTTP_TIMEOUT, transport=TokenCap(transport), follow_redirects=False) as http:
         metadata = await discover(provider, http)
         if provider.pkce:
             require_s256(metadata)
@@ -217,7 +218,7 @@ async def sign_in(
         try:
             response = await http.post(str(metadata.token_endpoint), data=data, headers=headers)
         except httpx2.HTTPError as exc:
-            raise AuthorizationRefused(f"the token endpoint is unreachable ({type(exc).__name__})") from None
+            raise AuthorizationRefused(token_endpoint_failure(exc)) from None
     try:
         tokens = OAuthToken.model_validate_json(response.content) if response.status_code == 200 else None
     except ValidationError:

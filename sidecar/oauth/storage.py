@@ -102,6 +102,20 @@ class StoredGrant(BaseModel):
     superseded: list[Superseded] = []
     """Access tokens earlier refreshes replaced, not yet expired: a revoke ends them too (their refresh
     tokens were spent by the rotation)."""
+    asked_scope: str | None = None
+    """The scope the sign-in asked for (None: none in particular), to show a grant wider than that."""
+
+    def granted_scopes(self) -> list[str]:
+        """What the tokens were granted: as the AS said, else what was asked (RFC 6749 §5.1)."""
+        scope = self.tokens.scope if self.tokens is not None else None
+        return (scope or self.asked_scope or "").split()
+
+    def beyond_asked(self) -> list[str]:
+        """Granted scopes the sign-in did not ask for (none when it asked for none in particular)."""
+        if self.asked_scope is None:
+            return []
+        asked = set(self.asked_scope.split())
+        return [scope for scope in self.granted_scopes() if scope not in asked]
 
 
 def grants_in(connector_id: str, secrets: list[dict[str, Any]]) -> list[StoredGrant]:
@@ -202,8 +216,15 @@ class CredentialTokenStorage:
         issuer = self._discovered_issuer() or (client.issuer if client else None) or self._origin()
         now = self._clock()
         expires_at = None if tokens.expires_in is None else now + tokens.expires_in
+        asked = self._context.client_metadata.scope if self._context is not None else None
         grant = StoredGrant(
-            client=client, tokens=tokens, expires_at=expires_at, issued_at=now, saved_at=now, **self._metadata()
+            client=client,
+            tokens=tokens,
+            expires_at=expires_at,
+            issued_at=now,
+            saved_at=now,
+            asked_scope=asked,
+            **self._metadata(),
         )
         await self._save(issuer, grant)
 
@@ -244,6 +265,7 @@ class CredentialTokenStorage:
             issued_at=now,
             saved_at=now,
             authorization_server=authorization_server,
+            asked_scope=client.scope,
         )
         await self._save(issuer, grant)
         return grant

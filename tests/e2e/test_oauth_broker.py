@@ -409,6 +409,7 @@ async def test_a_call_refused_for_scope_asks_for_a_sign_in_with_the_union_of_sco
         assert tool_text(await client.call_tool("mcp__remote__echo", {"text": "both"})) == "both"
     shown = await daemon.control("GET", "/control/connectors/remote")
     assert shown["auth"] == "ready" and shown["auth_reason"] is None, shown
+    assert {"mcp", "admin"} <= set(shown["granted_scopes"]) and shown["granted_beyond_asked"] == [], shown
 
 
 async def test_the_connect_command_opens_the_browser_and_returns_once_signed_in(

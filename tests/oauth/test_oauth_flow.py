@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from sidecar.oauth.capped import TokenCap, TokenResponseTooLarge
 from sidecar.oauth.flow import (
     AuthorizationRefused,
     HeadlessDriver,
@@ -15,7 +16,7 @@ from sidecar.oauth.flow import (
     require_s256,
 )
 from sidecar.oauth.storage import CredentialTokenStorage
-from tests.oauth.fakes import ISSUER, MCP_URL, REDIRECT_URI, FakeServers, open_store
+from tests.oauth.fakes import ISSUER, MCP_URL, REDIRECT_URI, TOKEN_ENDPOINT, FakeServers, open_store
 
 
 @pytest.mark.parametrize("methods", [None, [], ["plain"]], ids=["absent", "empty", "plain-only"])
@@ -72,3 +73,22 @@ async def test_the_headless_driver_refuses_an_answer_that_is_not_a_redirect_with
     denied = httpx2.Response(302, headers={"Location": "http://localhost:3000/callback?error=access_denied"})
     with pytest.raises(AuthorizationRefused, match="access_denied"):
         await HeadlessDriver(transport=_answering(denied)).authorize("https://as.example/a")
+
+
+async def test_a_remote_sign_in_whose_token_answer_is_over_64_kib_fails_and_stores_no_token(data_dir: Path) -> None:
+    class HugeTokens(FakeServers):
+        def handle(self, request: httpx2.Request) -> httpx2.Response:
+            if str(request.url) == TOKEN_ENDPOINT:
+                self.requests.append(request)
+                return httpx2.Response(200, json={"access_token": "A" * 70_000, "token_type": "bearer"})
+            return super().handle(request)
+
+    servers = HugeTokens()
+    storage = CredentialTokenStorage(open_store(data_dir), connector="remote", account="me")
+    driver = HeadlessDriver(transport=servers.transport())
+    provider = build_provider(MCP_URL, storage=storage, driver=driver, redirect_uri=REDIRECT_URI)
+    async with httpx2.AsyncClient(auth=provider, transport=TokenCap(servers.transport())) as http:
+        with pytest.raises(TokenResponseTooLarge):
+            await http.post(MCP_URL, json={})
+    assert len(servers.token_requests()) == 1  # the code was redeemed, and the answer dropped
+    assert await CredentialTokenStorage(open_store(data_dir), connector="remote", account="me").get_tokens() is None

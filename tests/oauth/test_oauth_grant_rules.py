@@ -180,3 +180,14 @@ async def test_many_calls_rejected_with_the_same_token_force_one_refresh(tmp_pat
     keeper = await _keeper(tmp_path, clock, endpoint, audit)
     retried = await asyncio.gather(*(keeper.rejected("at-1") for _ in range(10)))
     assert set(retried) == {"at-2"} and endpoint.calls == 1
+
+
+async def test_a_refresh_answer_over_64_kib_is_refused_and_the_stored_tokens_stay(tmp_path: Path) -> None:
+    clock, endpoint, audit = Clock(), TokenEndpoint(), []
+    keeper = await _keeper(tmp_path, clock, endpoint, audit)
+    endpoint.answer = (200, {"access_token": "A" * 70_000, "token_type": "bearer", "refresh_token": "rt-big"})
+    clock.now = T0 + LIFETIME - 30
+    assert await keeper.access_token() == "at-1" and endpoint.calls == 1  # the old token serves, backing off
+    assert audit == ["oauth.refresh_failed"]
+    stored = await CredentialTokenStorage(open_store(tmp_path), connector="remote", account="default").get_tokens()
+    assert stored is not None and (stored.access_token, stored.refresh_token) == ("at-1", "rt-1")

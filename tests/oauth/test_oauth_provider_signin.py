@@ -5,7 +5,10 @@ never reaches the token endpoint."""
 from __future__ import annotations
 
 import base64
+import gzip
 import hashlib
+import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 from mcp.shared.auth import AuthorizationCodeResult
 
 from sidecar.errors import AuthorizationRefused
+from sidecar.oauth.grant import GrantKeeper
 from sidecar.oauth.provider import ProviderClient, sign_in
 from sidecar.oauth.storage import CredentialTokenStorage
 from tests.oauth.fakes import REDIRECT_URI, open_store
@@ -150,3 +154,87 @@ async def test_an_issuer_with_a_path_is_discovered_path_inserted_first(tmp_path:
     server = _ProviderAs(issuer=f"{ISSUER}/tenant")
     await _sign_in(tmp_path, server, _Browser(iss=f"{ISSUER}/tenant"), issuer=f"{ISSUER}/tenant")
     assert server.urls()[0] == f"{ISSUER}/.well-known/oauth-authorization-server/tenant"
+
+
+class _HugeTokenAs(_ProviderAs):
+    """Answers the code with a body over 64 KiB: with its length declared, or chunked without one."""
+
+    def __init__(self, *, declared: bool) -> None:
+        super().__init__()
+        self.declared = declared
+
+    def handle(self, request: httpx2.Request) -> httpx2.Response:
+        if str(request.url) != TOKEN_ENDPOINT:
+            return super().handle(request)
+        self.requests.append(request)
+        body = json.dumps({"access_token": "A" * 70_000, "token_type": "Bearer"}).encode()
+        if self.declared:
+            return httpx2.Response(200, content=body, headers={"Content-Type": "application/json"})
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(body), 4096):
+                yield body[start : start + 4096]
+
+        return httpx2.Response(200, stream=_Chunked(chunks()), headers={"Content-Type": "application/json"})
+
+
+class _Chunked(httpx2.AsyncByteStream):
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._chunks:
+            yield chunk
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_a_token_answer_over_64_kib_is_refused_and_nothing_is_stored(tmp_path: Path, declared: bool) -> None:
+    server = _HugeTokenAs(declared=declared)
+    with pytest.raises(AuthorizationRefused, match="larger than 65536 bytes"):
+        await _sign_in(tmp_path, server, _Browser(iss=ISSUER))
+    assert TOKEN_ENDPOINT in server.urls()  # it was asked, and its answer dropped
+    storage = CredentialTokenStorage(open_store(tmp_path), connector="pkg", account="default")
+    assert await storage.get_tokens() is None and await storage.get_client_info() is None
+
+
+async def test_token_requests_ask_for_no_compression_and_a_compressed_answer_is_refused(tmp_path: Path) -> None:
+    class Gzipping(_ProviderAs):
+        def handle(self, request: httpx2.Request) -> httpx2.Response:
+            if str(request.url) != TOKEN_ENDPOINT:
+                return super().handle(request)
+            self.requests.append(request)
+            body = gzip.compress(json.dumps({"access_token": "A" * 1_000_000, "token_type": "Bearer"}).encode())
+            return httpx2.Response(200, content=body, headers={"Content-Encoding": "gzip"})
+
+    server = Gzipping()
+    with pytest.raises(AuthorizationRefused, match="or compressed"):
+        await _sign_in(tmp_path, server, _Browser(iss=ISSUER))
+    assert server.requests[-1].headers["accept-encoding"] == "identity"
+
+
+async def test_a_grant_wider_than_asked_is_kept_and_shown_as_such(tmp_path: Path) -> None:
+    class Generous(_ProviderAs):
+        def handle(self, request: httpx2.Request) -> httpx2.Response:
+            if str(request.url) != TOKEN_ENDPOINT:
+                return super().handle(request)
+            self.requests.append(request)
+            body = {"access_token": "at-1", "token_type": "Bearer", "scope": "repo read:user delete_repo"}
+            return httpx2.Response(200, json=body)
+
+    storage = CredentialTokenStorage(open_store(tmp_path), connector="pkg", account="default")
+    provider = ProviderClient("pkg", "client-1", issuer=ISSUER, scopes=("repo", "read:user"))
+    transport = httpx2.MockTransport(Generous().handle)
+    await sign_in(
+        provider, storage=storage, driver=_Browser(iss=ISSUER), redirect_uri=REDIRECT_URI, transport=transport
+    )
+    keeper = GrantKeeper("pkg", storage, audit=lambda event, **fields: None)
+    await keeper.load()
+    shown = keeper.public()
+    assert shown["granted_scopes"] == ["repo", "read:user", "delete_repo"]
+    assert shown["granted_beyond_asked"] == ["delete_repo"]
+
+
+async def test_a_grant_that_names_no_scope_is_what_was_asked(tmp_path: Path) -> None:
+    storage = await _sign_in(tmp_path, _ProviderAs(), _Browser(iss=ISSUER))
+    grant = await storage.current()
+    assert grant is not None and grant.granted_scopes() == [] and grant.beyond_asked() == []
