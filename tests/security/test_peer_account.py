@@ -26,8 +26,8 @@ from sidecar.config import Limits, Settings
 from sidecar.net.frontdoor import ANOTHER_ACCOUNT, OVER_CAP, REFUSED_EVENT
 from sidecar.paths import Paths
 from tests.attackers import OTHER_UID, as_other_user, needs_other_user
-from tests.conftest import Daemon, DaemonProcess, raw_request, running_daemon
-from tests.helpers import wait_until
+from tests.conftest import Daemon, DaemonProcess, mcp_client, raw_request, running_daemon
+from tests.helpers import tool_text, wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the peer's account is learned on Linux only")
 
@@ -109,6 +109,63 @@ async def test_another_accounts_connections_are_reset_unanswered_and_audited_in_
     lines = [r.getMessage() for r in caplog.records if r.name == "sidecar.net.frontdoor"]
     assert len(lines) == 1 and f"uid {OTHER_UID}" in lines[0], lines
     assert not any("HTTP parser" in r.getMessage() or r.name.startswith("aiohttp") for r in caplog.records)
+
+
+IDLE: Final = 1000
+HOLDER: Final = r"""
+import socket, sys
+port, count = int(sys.argv[1]), int(sys.argv[2])
+held = []
+for _ in range(count):
+    try:
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+    except OSError:
+        pass
+print(len(held), flush=True)
+sys.stdin.readline()  # hold them, sending nothing, until told to go
+"""
+
+
+def _open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.slow
+@needs_other_user()
+async def test_a_thousand_idle_connections_of_another_account_cost_the_user_nothing(
+    home: Path, workspace: Path
+) -> None:
+    async with _daemon(workspace) as daemon:
+        session = await daemon.new_session()
+        before = _open_files()
+        holder = await asyncio.create_subprocess_exec(
+            *as_other_user(sys.executable, "-c", HOLDER, str(daemon.port), str(IDLE)),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdin is not None
+            opened = int(await asyncio.wait_for(holder.stdout.readline(), BOUND))
+            assert opened > IDLE // 2  # the handshakes completed: the kernel queued them for accept
+
+            async def all_refused() -> bool:
+                return int((await daemon.control("GET", "/control/status"))["peer_check"]["refused"]) >= opened
+
+            await wait_until(all_refused, timeout=BOUND)
+            # The daemon holds none of them, and the user's requests are served as before.
+            assert _open_files() - before < 20
+            status_code, _, body = await asyncio.wait_for(raw_request(daemon.port, _healthz(daemon.port)), BOUND)
+            assert (status_code, json.loads(body)) == (200, {"status": "ok"})
+            async with asyncio.timeout(BOUND), mcp_client(session) as client:
+                assert tool_text(await client.call_tool("calculate", {"expression": "6*7"})) == "42"
+        finally:
+            if holder.stdin is not None:
+                holder.stdin.close()
+            try:
+                await asyncio.wait_for(holder.wait(), BOUND)
+            except TimeoutError:
+                holder.kill()
+                await holder.wait()
 
 
 async def test_one_account_holds_at_most_connections_per_uid(home: Path, workspace: Path) -> None:
