@@ -86,7 +86,7 @@ from sidecar.connectors.manifest.watch import ConfigWatcher
 from sidecar.connectors.pool import PoolLimits
 from sidecar.connectors.proxy import Deferral
 from sidecar.connectors.service import ConnectorService
-from sidecar.console import add_console_routes, console_url, is_console_path
+from sidecar.console import SIGNIN_PATH, add_console_routes, console_url, is_console_path
 from sidecar.control import add_control_routes
 from sidecar.edge.endpoint import McpEndpoint
 from sidecar.edge.internal import INTERNAL_ROUTE, InternalApi
@@ -155,8 +155,9 @@ def build_app(
             make_guard_middleware(
                 port=lambda: runtime.port,
                 allowed_origins=settings.origin_tuples(),
-                # A browser comes back from the AS cross-site, and comes to the start link from a file.
-                fetch_site_exempt=lambda path: path in (CALLBACK_PATH, START_PATH),
+                # Pages a browser reaches from elsewhere: back from the AS, or from the private redirect file
+                # (sidecar ui, connectors connect). None holds a secret; what each does needs one the request carries.
+                fetch_site_exempt=lambda path: path in (CALLBACK_PATH, START_PATH, SIGNIN_PATH),
                 # The console's page calls the daemon (issue 14); an MCP client in a page the daemon
                 # serves is no foreign site either (issue 23): its route token is still required.
                 own_origin_paths=lambda path: is_console_path(path) or is_mcp_endpoint(path),

@@ -2,16 +2,23 @@
 
 ``as_other_user`` runs a command as uid/gid 65534 (``nobody``) with ``setpriv``, which needs root: the
 suite runs as root in CI, so there these tests must run; elsewhere they are skipped with the reason.
+``watching_command_lines`` is that account polling every process's command line, which ``/proc`` shows
+to every user.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import shutil
+import sys
+from collections.abc import AsyncIterator
 
 import pytest
 
-__all__ = ["OTHER_UID", "as_other_user", "needs_other_user"]
+__all__ = ["OTHER_UID", "as_other_user", "needs_other_user", "watching_command_lines"]
 
 OTHER_UID = 65534
 
@@ -35,3 +42,46 @@ def needs_other_user() -> pytest.MarkDecorator:
 def as_other_user(*argv: str) -> list[str]:
     """``argv`` run as uid and gid 65534 with no supplementary groups."""
     return ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", *argv]
+
+
+_WATCHER = r"""
+import json, os, sys, threading
+seen, done = set(), threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+print("watching", flush=True)
+while not done.is_set():
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    seen.add(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                pass
+print(json.dumps(sorted(seen)), flush=True)
+"""
+
+
+@contextlib.asynccontextmanager
+async def watching_command_lines(bound: float = 30.0) -> AsyncIterator[list[str]]:
+    """Another account (uid 65534) polls ``/proc/*/cmdline`` without pause while the block runs; the list
+    yielded holds every distinct command line it saw once the block has ended."""
+    proc = await asyncio.create_subprocess_exec(
+        *as_other_user(sys.executable, "-c", _WATCHER),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[str] = []
+    try:
+        assert await asyncio.wait_for(proc.stdout.readline(), bound) == b"watching\n"
+        yield seen
+    finally:
+        proc.stdin.close()
+        try:
+            out = await asyncio.wait_for(proc.stdout.read(), bound)
+            await asyncio.wait_for(proc.wait(), bound)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    seen.extend(json.loads(out))

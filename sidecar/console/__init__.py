@@ -7,6 +7,6 @@ itself (``static/``: HTML, CSS and a little JavaScript, no build step, nothing f
 ships in the package.
 """
 
-from sidecar.console.routes import add_console_routes, console_url, is_console_path
+from sidecar.console.routes import SIGNIN_PATH, add_console_routes, console_url, is_console_path
 
-__all__ = ["add_console_routes", "console_url", "is_console_path"]
+__all__ = ["SIGNIN_PATH", "add_console_routes", "console_url", "is_console_path"]

@@ -39,11 +39,14 @@ from sidecar.net.guard import own_origins
 from sidecar.oauth.flow import check_authorization_url
 from sidecar.origins import parse_origin
 
-__all__ = ["SESSION_HEADER", "UI_PREFIX", "add_console_routes", "console_url", "is_console_path"]
+__all__ = ["SESSION_HEADER", "SIGNIN_PATH", "UI_PREFIX", "add_console_routes", "console_url", "is_console_path"]
 
 logger = logging.getLogger(__name__)
 
 UI_PREFIX: Final = "/ui"
+SIGNIN_PATH: Final = f"{UI_PREFIX}/signin"
+"""The page the one-time link opens; it holds no secret (the code rides in the fragment, which no request
+carries), so a browser may arrive there from anywhere, the private redirect file included."""
 SESSION_HEADER: Final = "X-Sidecar-Session"
 """The header every ``/ui/api/`` call carries the console session's secret in."""
 CONTENT_SECURITY_POLICY: Final = (
@@ -121,7 +124,7 @@ async def mint_code(request: web.Request) -> web.Response:
     code = app[CONSOLE].mint_code()
     app[AUDIT].append("console.code")
     # The code rides in the fragment: a browser never sends it to a server, nor in a Referer.
-    url = f"{console_url(app[RUNTIME].port)}signin#code={code}"
+    url = f"http://127.0.0.1:{app[RUNTIME].port}{SIGNIN_PATH}#code={code}"
     return json_response({"url": url, "expires_in": int(CODE_TTL)}, headers={"Cache-Control": "no-store"})
 
 
@@ -267,7 +270,7 @@ def add_console_routes(app: web.Application) -> None:
     r.add_post("/control/console/code", mint_code)
     r.add_get(UI_PREFIX, redirect_index)
     r.add_get(f"{UI_PREFIX}/", index)
-    r.add_get(f"{UI_PREFIX}/signin", signin_page)
+    r.add_get(SIGNIN_PATH, signin_page)
     r.add_post(f"{UI_PREFIX}/api/session", api_session)
     r.add_post(f"{UI_PREFIX}/api/signout", signout)
     r.add_get(f"{UI_PREFIX}/static/{{name}}", static)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -13,7 +14,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.attackers import needs_other_user, watching_command_lines
+from tests.browsers import chromium_as_browser, needs_chromium
 from tests.conftest import DaemonProcess
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.slow  # the daemon and the CLI are processes
 
@@ -72,3 +76,22 @@ def test_sidecar_ui_puts_no_secret_on_the_browsers_command_line(daemon_process: 
     code = url.partition("/ui/signin#code=")[2]
     assert len(code) == 43 and code not in argument + result.stdout + result.stderr
     assert _spend(url)[0] == 200  # the file leads to the live link
+
+
+@needs_chromium()
+@needs_other_user()
+async def test_sidecar_ui_through_chromium_signs_in_with_no_code_on_any_command_line(
+    daemon_process: DaemonProcess, tmp_path: Path
+) -> None:
+    def signed_in() -> bool:
+        audit = daemon_process.paths.audit_file.read_text()
+        return any(json.loads(line)["event"] == "console.signin" for line in audit.splitlines() if line.strip())
+
+    with chromium_as_browser(tmp_path) as browser:
+        daemon_process.env["BROWSER"] = browser
+        async with watching_command_lines() as seen:
+            result = await asyncio.to_thread(daemon_process.cli, "ui")
+            await wait_until(signed_in, timeout=30)  # Chromium followed the file and spent the code
+    assert "opening the sidecar console in your browser" in result.stdout
+    assert [line for line in seen if "chromium" in line and "open-console" in line], "the watcher saw no browser"
+    assert [line for line in seen if "code=" in line or "/ui/signin" in line] == []

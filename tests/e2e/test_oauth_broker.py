@@ -25,6 +25,8 @@ from typing import Any
 import httpx2
 import pytest
 
+from tests.attackers import needs_other_user, watching_command_lines
+from tests.browsers import chromium_as_browser, needs_chromium
 from tests.conftest import Daemon, mcp_client, running_daemon
 from tests.helpers import tool_text, write_user_servers
 
@@ -438,6 +440,39 @@ async def test_the_connect_command_opens_the_browser_and_returns_once_signed_in(
     assert shown["auth"] == "ready", shown
     session = await daemon.new_session(mode="bypass", allow=["mcp__remote__*"])
     assert await call_echo(daemon, session, "cli") == "cli"
+
+
+SECRET_MARKS = ("state=", "code_challenge=", "/oauth/start", "/authorize")
+"""What of a sign-in must never be on a command line: the AS's query, the daemon's start link."""
+
+
+@needs_chromium()
+@needs_other_user()
+async def test_connect_through_chromium_puts_no_sign_in_secret_on_any_command_line(
+    daemon: Daemon, servers: Servers, home: Path, tmp_path: Path
+) -> None:
+    from tests.conftest import sidecar_env
+
+    await trust_remote(daemon, servers)
+    root = Path(__file__).resolve().parents[2]
+    with chromium_as_browser(tmp_path) as browser:
+        async with watching_command_lines() as seen:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sidecar", "connectors", "connect", "remote",
+                cwd=root, env={**sidecar_env(home), "BROWSER": browser},
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            try:
+                out, err = await asyncio.wait_for(proc.communicate(), 60)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+    assert proc.returncode == 0 and out.decode().rstrip().endswith("signed in to remote"), (out, err)
+    assert (await daemon.control("GET", "/control/connectors/remote"))["auth"] == "ready"
+    opened = [line for line in seen if "chromium" in line and "open-signin-remote" in line]
+    assert opened, "the watcher never saw the browser's command line"  # so it could have seen a leak
+    assert [line for line in seen if any(mark in line for mark in SECRET_MARKS)] == []
 
 
 async def _auth_state(daemon: Daemon, wanted: str) -> dict[str, Any]:
