@@ -77,6 +77,11 @@ manager.StreamableHTTPSessionManager.__init__ = forced
 import sidecar.bus.tools as tools
 tools._clean_arguments = lambda tool, arguments: dict(arguments or {})
 """,
+    # The front door's check of the peer's OS account at accept (a netlink lookup per new connection).
+    "no-peer-check": """
+import sidecar.net.frontdoor as frontdoor
+frontdoor.FrontDoor.checking = property(lambda self: False)
+""",
 }
 REFERENCE = "reference"
 """Not a variant: the SDK's own uvicorn server of ``bench_mcp``, measured in the same rounds."""
@@ -135,11 +140,15 @@ async def amain(args: argparse.Namespace) -> int:
             if grind is not None:
                 return await count_instructions(http, grind, targets, args)
             cpu: dict[str, list[float]] = {name: [] for name in names}
+            p50: dict[str, list[float]] = {name: [] for name in names}
             for round_ in range(args.rounds):
                 order = names if round_ % 2 else names[::-1]
                 for name in order:
-                    _, _, per_call = await raw_concurrent(http, targets[name], args.era, args.callers, args.calls, 80)
+                    _, samples, per_call = await raw_concurrent(
+                        http, targets[name], args.era, args.callers, args.calls, 80
+                    )
                     cpu[name].append(per_call)
+                    p50[name].append(statistics.median(samples))
                 log(f"round {round_ + 1}/{args.rounds}: " + ", ".join(f"{n} {cpu[n][-1]:.3f}" for n in names))
     base = statistics.median(cpu[names[0]])
     print(
@@ -149,6 +158,11 @@ async def amain(args: argparse.Namespace) -> int:
     for name in names:
         value = statistics.median(cpu[name])
         print(f"{name:16s} {value:6.3f} ms  x{value / base:5.3f}  rounds {' '.join(f'{v:.2f}' for v in cpu[name])}")
+    base = statistics.median(p50[names[0]])
+    print(f"call latency p50 ms, {args.callers} raw callers, median of {args.rounds} rounds' medians")
+    for name in names:
+        value = statistics.median(p50[name])
+        print(f"{name:16s} {value:6.3f} ms  x{value / base:5.3f}  rounds {' '.join(f'{v:.2f}' for v in p50[name])}")
     return 0
 
 

@@ -63,6 +63,7 @@ from benchlib import (  # scripts/ is sys.path[0]
     sidecar_daemon,
     stop,
     timed,
+    unfenced,
     wait_ready,
 )
 from mcp import Client, StdioServerParameters
@@ -275,7 +276,7 @@ class Endpoint:
 async def echo_call(client: Client, tool: str, arguments: dict[str, Any] | None = None, expected: str = "x") -> None:
     result = await client.call_tool(tool, arguments or {"text": expected})
     got = getattr(result.content[0], "text", None) if result.content else None
-    if result.is_error or got != expected:
+    if result.is_error or unfenced(got) != expected:
         raise CallFailed(f"{tool} failed: {result}")
 
 

@@ -61,6 +61,7 @@ from benchlib import (  # scripts/ is sys.path[0]
     stop,
     tail,
     timed,
+    unfenced,
 )
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -175,7 +176,7 @@ def _check_result(message: dict[str, Any], expected: str = EXPECTED_TEXT) -> Non
     if not isinstance(result, dict) or result.get("isError"):
         raise CallFailed(f"tools/call failed: {json.dumps(message)[:300]}")
     content = result.get("content") or [{}]
-    if content[0].get("text") != expected:
+    if unfenced(content[0].get("text")) != expected:
         raise CallFailed(f"unexpected tools/call result: {json.dumps(message)[:300]}")
 
 
@@ -292,7 +293,7 @@ async def sdk_sequential(target: Target, mode: str, warmup: int, n: int) -> list
         async def call() -> None:
             result = await client.call_tool(TOOL, ARGS)
             text = getattr(result.content[0], "text", None) if result.content else None
-            if result.is_error or text != EXPECTED_TEXT:
+            if result.is_error or unfenced(text) != EXPECTED_TEXT:
                 raise CallFailed(f"SDK call_tool({mode}) failed on {target.name}: {result}")
 
         await timed(call, warmup, [])
@@ -624,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        Path(args.json).writeunfenced(json.dumps(results, indent=2))
     return 0
 
 

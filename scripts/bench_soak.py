@@ -50,7 +50,7 @@ from typing import Any
 
 import aiohttp
 import psutil
-from benchlib import CallFailed, answer, control_call, log, sidecar_daemon  # scripts/ is sys.path[0]
+from benchlib import CallFailed, answer, control_call, log, sidecar_daemon, unfenced  # scripts/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "connectors" / "fixtures"
@@ -201,7 +201,7 @@ async def call_tool(http: aiohttp.ClientSession, session: dict[str, Any], name: 
     if not isinstance(result, dict):
         return json.dumps(message)[:200]
     content = result.get("content") or [{}]
-    if result.get("isError") or content[0].get("text") != "soak":
+    if result.get("isError") or unfenced(content[0].get("text")) != "soak":
         return json.dumps(content)[:200]
     return None
 

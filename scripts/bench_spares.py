@@ -39,7 +39,7 @@ from typing import Any
 
 import aiohttp
 import psutil
-from benchlib import answer, control_call, log, sidecar_daemon  # scripts/ is sys.path[0]
+from benchlib import answer, control_call, log, sidecar_daemon, unfenced  # scripts/ is sys.path[0]
 
 ROOT = Path(__file__).resolve().parent.parent
 ECHO_SERVER = ROOT / "tests" / "connectors" / "fixtures" / "echo_server.py"
@@ -117,7 +117,7 @@ async def call(http: aiohttp.ClientSession, session: dict[str, Any], connector: 
         message = answer(response.headers.get("content-type", ""), raw, request_id)
     result = message.get("result") or {}
     content = result.get("content") or [{}]
-    if result.get("isError") or content[0].get("text") != "bench":
+    if result.get("isError") or unfenced(content[0].get("text")) != "bench":
         raise RuntimeError(f"{name} failed: {json.dumps(message)[:300]}")
     return elapsed
 
