@@ -35,6 +35,7 @@ from typing import Final
 
 from aiohttp import web
 
+from sidecar import auditing
 from sidecar.appkeys import (
     APPROVALS,
     AUDIT,
@@ -73,7 +74,7 @@ from sidecar.auth.persist import StateJournal, keeping_saved
 from sidecar.auth.process_credentials import ProcessCredentials
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import Session, SessionStore
-from sidecar.bus.approvals import Approval, ApprovalStore
+from sidecar.bus.approvals import ApprovalStore
 from sidecar.bus.billing import BillingGate, ManifestSource
 from sidecar.bus.builtins import install_builtins
 from sidecar.bus.deferral import DeferPolicy
@@ -187,7 +188,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     app[AUDIT_CHAIN] = VerifiedChain(paths.audit_file)
     app[TRUST] = TrustStore(
         paths.state / "approvals.json",
-        on_event=lambda event, fields: _audit(audit, event, fields),
+        on_event=lambda event, fields: auditing.any_event(audit, event, fields),
         root=paths.state,
         guarded=(paths.config,),
     )
@@ -226,7 +227,7 @@ async def _auth(app: web.Application) -> AsyncIterator[None]:
     restored = await asyncio.to_thread(journal.load)
     app[ROUTES] = RouteRegistry(
         inflight,
-        on_event=lambda name, event: _audit_route(audit, name, event),
+        on_event=lambda name, event: auditing.route_event(audit, name, event),
         journal=journal,
         carried=restored.tokens,
     )
@@ -239,7 +240,7 @@ async def _auth(app: web.Application) -> AsyncIterator[None]:
         default_ttl=settings.sessions.default_ttl,
         max_ttl=settings.sessions.max_ttl,
     )
-    sessions.subscribe(lambda session, event: _audit_session(audit, session, event))
+    sessions.subscribe(lambda session, event: auditing.session_event(audit, session, event))
     if restored.sessions or restored.tokens:
         audit.append("session.restored", sessions=[s.id for s in restored.sessions], routes=sorted(restored.tokens))
     # Connector processes' internal-API credentials: a session's die with it, at once.
@@ -261,7 +262,7 @@ def _bus(registry: ToolRegistry) -> Subsystem:
         runtime = app[RUNTIME]
         app[REGISTRY] = install_builtins(registry, notes_dir=paths.data / "notes")
         approvals = app[APPROVALS] = ApprovalStore()
-        approvals.subscribe(lambda approval, event: _audit_approval(audit, approval, event))
+        approvals.subscribe(lambda approval, event: auditing.approval_event(audit, approval, event))
         app[BILLING] = BillingGate(billing_sources(settings, paths))
         app[TOOLS] = ToolService(
             registry,
@@ -398,10 +399,13 @@ async def _edge(app: web.Application) -> AsyncIterator[None]:
     connectors = app[CONNECTORS]
     server = build_mcp_server(tools=tools, sessions=sessions, hub=hub, catalog=connectors.catalog)
     relay = Relay(connectors=connectors, tools=tools, sessions=sessions)
+    seen = sessions.note_client
     endpoint = app[MCP_ENDPOINT] = McpEndpoint(
-        server, settings=settings, inflight=inflight, hub=hub, quiet=quiet_call(tools, sessions)
+        server, settings=settings, inflight=inflight, hub=hub, quiet=quiet_call(tools, sessions), clients=seen
     )
-    relay_endpoint = app[RELAY_ENDPOINT] = McpEndpoint(relay.server(), settings=settings, inflight=inflight, hub=hub)
+    relay_endpoint = app[RELAY_ENDPOINT] = McpEndpoint(
+        relay.server(), settings=settings, inflight=inflight, hub=hub, clients=seen
+    )
     app[REST] = RestFacade(registry=app[REGISTRY], tools=tools, sessions=sessions, limits=settings.limits)
     forwarder = Forwarder()
     app[INTERNAL_API] = InternalApi(
@@ -486,37 +490,3 @@ def _on_session(hub: ChangeHub, approvals: ApprovalStore, session: Session, even
     elif event in _GONE:
         hub.forget(session.id)
         approvals.forget_session(session.id)
-
-
-def _audit(audit: AuditLog, event: str, fields: dict[str, object]) -> None:
-    audit.append(event, **fields)
-
-
-def _audit_route(audit: AuditLog, name: str, event: str) -> None:
-    kind = {"registered": "token.mint", "rotated": "token.mint", "unregistered": "token.revoke"}[event]
-    audit.append(kind, route=name, reason=event)
-
-
-def _audit_session(audit: AuditLog, session: Session, event: str) -> None:
-    if event == "closed":
-        return  # not an end: the session is kept for the next start ("daemon.stop" records the stop)
-    audit.append(
-        f"session.{event}",
-        session=session.id,
-        project=session.project_id,
-        mode=session.mode.value,
-        allow=list(session.allow),
-        network=session.network,
-    )
-
-
-def _audit_approval(audit: AuditLog, approval: Approval, event: str) -> None:
-    audit.append(
-        f"approval.{event}",
-        approval=approval.id,
-        session=approval.session_id,
-        tool=approval.tool,
-        kind=approval.kind,
-        group=approval.group,
-        args_digest=approval.digest,
-    )

@@ -66,6 +66,8 @@ class NewSession(_Body):
     """Give the configuration for one connector's own route (/mcp/connectors/<id>) instead of /mcp."""
     owner_pid: int | None = Field(default=None, gt=1, le=2**22)  # Linux's largest pid_max
     """A process the session ends with (``sidecar exec`` names itself): when it is gone, so is the session."""
+    label: str = Field(default="", max_length=80)
+    """What a person will recognise it by in ``session list``, the console and ``status``."""
 
     def grant(self, default: tuple[str, ...]) -> tuple[str, ...]:
         """What the session may use: the explicit ``allow``, else the connector it is for, else ``default``.
@@ -123,6 +125,7 @@ def status_body(app: web.Application) -> dict[str, Any]:
     return {
         **{key: header[key] for key in ("version", "pid", "url", "started_at", "uptime_seconds")},
         "sessions": len(app[SESSIONS].list()),
+        "recent_sessions": recent_sessions(app),
         "routes": [r.name for r in app[ROUTES].list()],
         "connectors": [connector_body(app, c) for c in app[CONNECTORS].manager.list()],
         "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
@@ -132,6 +135,15 @@ def status_body(app: web.Application) -> dict[str, Any]:
         "trust_store_problem": header["trust_store_problem"],
         "peer_check": app[FRONT_DOOR].describe(),
     }
+
+
+def recent_sessions(app: web.Application, count: int = 5) -> list[dict[str, Any]]:
+    """The sessions used last (never used: newest first), as ``status`` names them."""
+    sessions = app[SESSIONS]
+    described = [sessions.describe(s) for s in sessions.list()]
+    described.sort(key=lambda s: (s["last_used_at"] or 0, s["created_at"]), reverse=True)
+    keep = ("session_id", "label", "client", "created_at", "last_used_at")
+    return [{key: s[key] for key in keep} for s in described[:count]]
 
 
 async def stop(request: web.Request) -> web.Response:
@@ -154,6 +166,7 @@ async def create_session(request: web.Request) -> web.Response:
         network=spec.network,
         ttl=spec.ttl,
         owner=owner,
+        label=spec.label,
     )
     url = _url(request.app)
     route = PROXY_ROUTE
@@ -177,11 +190,13 @@ async def create_session(request: web.Request) -> web.Response:
 
 
 async def list_sessions(request: web.Request) -> web.Response:
-    return json_response({"sessions": [s.public() for s in request.app[SESSIONS].list()]})
+    sessions = request.app[SESSIONS]
+    return json_response({"sessions": [sessions.describe(s) for s in sessions.list()]})
 
 
 async def get_session(request: web.Request) -> web.Response:
-    return json_response(request.app[SESSIONS].get(request.match_info["session_id"]).public())
+    sessions = request.app[SESSIONS]
+    return json_response(sessions.describe(sessions.get(request.match_info["session_id"])))
 
 
 async def change_session(request: web.Request) -> web.Response:

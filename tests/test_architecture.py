@@ -40,6 +40,7 @@ LAYERS = {
     "sidecar.control": 10,
     "sidecar.console": 10,
     "sidecar.service": 10,
+    "sidecar.auditing": 10,
     "sidecar.app": 11,
     "sidecar.daemon": 12,
     "sidecar.cli": 13,
@@ -109,6 +110,19 @@ def _all_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
     return names
+
+
+MAX_MODULE_LINES = 500
+"""A module longer than this does more than one thing a reader can hold at once: split it."""
+
+
+def test_every_module_is_at_most_500_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): lines
+        for path in PACKAGE.rglob("*.py")
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
 
 
 def test_pure_modules_import_no_web_framework() -> None:

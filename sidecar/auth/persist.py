@@ -99,6 +99,7 @@ class _SessionModel(_Model):
     expires_at: int = Field(ge=0)
     owner: _OwnerModel | None
     agent: _OwnerModel | None
+    label: str = Field(default="", max_length=80)
 
     def session(self) -> Session:
         for pattern in self.allow:
@@ -114,6 +115,7 @@ class _SessionModel(_Model):
             expires_at=self.expires_at,
             owner=self.owner.owner() if self.owner is not None else None,
             agent=self.agent.owner() if self.agent is not None else None,
+            label=self.label,
         )
 
 
@@ -430,6 +432,7 @@ def _session_entry(session: Session) -> dict[str, Any]:
         "expires_at": session.expires_at,
         "owner": _owner_entry(session.owner),
         "agent": _owner_entry(session.agent),
+        "label": session.label,
     }
 
 

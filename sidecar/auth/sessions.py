@@ -8,6 +8,11 @@ Sessions outlive a daemon restart until they expire (issue 14 item 5): every cha
 ``SessionJournal`` (``auth.persist``), which keeps the records on disk and the envelope key in the
 credential store, and a restarted daemon is built with what it kept (``restored``, ``keys``). Nothing
 here touches disk itself. Without a journal (unit tests) sessions live in memory only.
+
+What a person recognises a session by: its ``label`` (given at creation: the host it was made for, or
+the command ``sidecar exec`` ran), and its ``Activity`` — the client that last initialized on it (name
+and version from ``clientInfo``) and when it was last used. Activity is kept in memory only: a busy
+client would otherwise cost a write per request; after a restart it is empty until the next use.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from sidecar.errors import EnvelopeRejected, NotFound, RequestRejected
 from sidecar.names import BUILTIN_GRANT, is_grant_pattern
 from sidecar.text import preview
 
-__all__ = ["Mode", "Session", "SessionJournal", "SessionStore", "session_key", "validate_pattern"]
+__all__ = ["Activity", "Mode", "Session", "SessionJournal", "SessionStore", "session_key", "validate_pattern"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +51,10 @@ class Mode(enum.StrEnum):
 
 
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}$")
+MAX_LABEL = 80
+"""Characters of a session's label; control characters are refused."""
+MAX_CLIENT = 80
+"""Characters of a client's "name version" kept; longer is cut."""
 MAX_PATTERNS = 256
 VERIFIED_CACHE = 4096
 """Envelopes whose MAC was verified, remembered so a busy client costs one HMAC, not one per request."""
@@ -81,6 +90,8 @@ class Session:
     """The process this session ends with (``sidecar exec``), or None: it lives until ended or expired."""
     agent: Owner | None = None
     """A second process it ends with: the agent ``sidecar exec`` runs, which could stop its exec."""
+    label: str = ""
+    """What a person calls it (``--label``; by default the host format or the command exec ran)."""
 
     def expired(self, now: float) -> bool:
         return now >= self.expires_at
@@ -98,11 +109,30 @@ class Session:
             "expires_at": self.expires_at,
             "owner_pid": self.owner.pid if self.owner is not None else None,
             "agent_pid": self.agent.pid if self.agent is not None else None,
+            "label": self.label,
         }
 
     def owners(self) -> tuple[Owner, ...]:
         """The processes this session ends with, as soon as any one of them is gone."""
         return tuple(owner for owner in (self.owner, self.agent) if owner is not None)
+
+
+@dataclass(slots=True)
+class Activity:
+    """How a session has been used since this daemon started (never written to disk)."""
+
+    last_used_at: int | None = None
+    client: str | None = None
+    """The name and version the last client to initialize on it gave (``clientInfo``)."""
+
+    def public(self) -> dict[str, object]:
+        return {"last_used_at": self.last_used_at, "client": self.client}
+
+
+def _check_label(label: str) -> str:
+    if len(label) > MAX_LABEL or not label.isprintable():
+        raise RequestRejected(f"label must be at most {MAX_LABEL} printable characters on one line")
+    return label.strip()
 
 
 class SessionJournal(Protocol):
@@ -166,6 +196,7 @@ class SessionStore:
         self._clock = clock
         self._listeners: list[SessionListener] = []
         self._verified: OrderedDict[str, SessionClaims] = OrderedDict()
+        self._activity: dict[str, Activity] = {}
 
     def subscribe(self, listener: SessionListener) -> None:
         self._listeners.append(listener)
@@ -199,6 +230,7 @@ class SessionStore:
         network: bool = True,
         ttl: int | None = None,
         owner: Owner | None = None,
+        label: str = "",
     ) -> tuple[Session, str]:
         """Create a session and return it with its envelope. Unless ``allow`` says otherwise, it may use
         the built-ins and no connector tool (contract §2: a connector needs an explicit grant).
@@ -222,6 +254,7 @@ class SessionStore:
             created_at=now,
             expires_at=now + ttl,
             owner=owner,
+            label=_check_label(label),
         )
         keys = self._signing_keys()
         self._prune(now)
@@ -281,7 +314,30 @@ class SessionStore:
             session.created_at,
         ):
             raise EnvelopeRejected("envelope does not match the session")
+        self.activity(session.id).last_used_at = int(now)
         return session
+
+    def activity(self, session_id: str) -> Activity:
+        """The session's activity record (made on first use; dropped when the session ends)."""
+        found = self._activity.get(session_id)
+        if found is None:
+            found = self._activity[session_id] = Activity()
+        return found
+
+    def note_client(self, session_id: str, info: object) -> None:
+        """A client initialized on the session: keep its ``clientInfo`` name and version (bounded)."""
+        if not isinstance(info, dict) or session_id not in self._sessions:
+            return
+        name, version = info.get("name"), info.get("version")
+        if not isinstance(name, str) or not name:
+            return
+        text = f"{name} {version}" if isinstance(version, str) and version else name
+        self.activity(session_id).client = preview(text, MAX_CLIENT, quote=False)
+
+    def describe(self, session: Session) -> dict[str, object]:
+        """``Session.public`` with how it has been used (``session list``, the console, ``status``)."""
+        found = self._activity.get(session.id)
+        return {**session.public(), **(found.public() if found is not None else Activity().public())}
 
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
@@ -338,6 +394,7 @@ class SessionStore:
         session = self._sessions.pop(session_id, None)
         if session is None:
             raise NotFound(f"no session {preview(session_id, 64)}")
+        self._activity.pop(session_id, None)
         aborted = self._inflight.abort(session_key(session_id))
         self._save()  # SECURITY: an ended session must stay ended after a restart
         self._emit(session, "ended")
@@ -355,6 +412,7 @@ class SessionStore:
         expired = [s for s in self._sessions.values() if s.expired(now)]
         for session in expired:
             self._sessions.pop(session.id, None)
+            self._activity.pop(session.id, None)
             self._inflight.abort(session_key(session.id))
         if expired:
             self._save()

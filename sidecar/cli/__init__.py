@@ -7,38 +7,22 @@ Everything that talks to a running daemon goes through the control API (``cli/cl
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sidecar import __version__
+from sidecar.cli.common import ago, command, control_client, group, show
 from sidecar.cli.exec import add_exec_command
-from sidecar.cli.options import add_session_options, session_body
+from sidecar.cli.sessions import add_session_commands
 from sidecar.cli.ui import add_ui_command
 from sidecar.errors import SidecarError
 from sidecar.paths import Paths
 
 __all__ = ["main"]
-
-Handler = Callable[[argparse.Namespace, Paths], int]
-
-
-def _print(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
-    if getattr(args, "json", False) or text is None:
-        print(json.dumps(data, indent=2, sort_keys=True))
-    else:
-        print(text)
-
-
-def _client(paths: Paths) -> Any:
-    from sidecar.cli.client import ControlClient
-
-    return ControlClient(paths)
 
 
 def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
@@ -60,13 +44,13 @@ def cmd_serve(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
-    status = _client(paths).call("GET", "/control/status")
+    status = control_client(paths).call("GET", "/control/status")
     connectors = ", ".join(f"{c['id']} ({_state(c)}{_sign_in(c)})" for c in status["connectors"]) or "-"
     text = (
         f"sidecar {status['version']} running (pid {status['pid']})\n"
         f"  url:        {status['url']}\n"
         f"  uptime:     {status['uptime_seconds']:.0f}s\n"
-        f"  sessions:   {status['sessions']}\n"
+        f"  sessions:   {status['sessions']}{_recent(status.get('recent_sessions') or [])}\n"
         f"  routes:     {', '.join(status['routes']) or '-'}\n"
         f"  connectors: {connectors}\n"
         f"  storage:    {status['storage']['credentials']}"
@@ -80,8 +64,19 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
             else ""
         )
     )
-    _print(args, status, text)
+    show(args, status, text)
     return 0
+
+
+def _recent(sessions: list[dict[str, Any]]) -> str:
+    """The sessions used last, by label and client: `` (last used: claude-code, Claude Code 2.1, 5m ago; …)``."""
+    now = time.time()
+    named = [
+        ", ".join(filter(None, (s["label"] or s["session_id"], s["client"], ago(s["last_used_at"], now))))
+        for s in sessions
+        if s["last_used_at"] is not None
+    ]
+    return f" (last used: {'; '.join(named)})" if named else ""
 
 
 def _peer_check(check: dict[str, Any]) -> str:
@@ -100,7 +95,7 @@ def _peer_check(check: dict[str, Any]) -> str:
 def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
     from sidecar.system import pid_alive
 
-    client = _client(paths)
+    client = control_client(paths)
     pid = client.runtime["pid"]
     client.call("POST", "/control/stop")
     deadline = time.monotonic() + args.timeout
@@ -114,62 +109,14 @@ def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
     return 1
 
 
-def cmd_session_new(args: argparse.Namespace, paths: Paths) -> int:
-    from sidecar.cli.formats import render, render_env_refs
-
-    if args.env_refs:
-        try:
-            print(json.dumps(render_env_refs(args.format, connector=args.connector), indent=2))
-        except ValueError as exc:
-            print(f"sidecar: {exc}", file=sys.stderr)
-            return 2
-        return 0
-
-    workspace = str(Path(args.workspace or os.getcwd()).absolute())
-    body = session_body(args, workspace=workspace, project=args.project)
-    created = _client(paths).call("POST", "/control/sessions", body)
-    print(json.dumps(render(args.format, created), indent=2))
-    return 0
-
-
-def cmd_session_list(args: argparse.Namespace, paths: Paths) -> int:
-    sessions = _client(paths).call("GET", "/control/sessions")["sessions"]
-    lines = [
-        f"{s['session_id']}  {s['mode']:<9}  {s['project_id']:<16}  expires {time.ctime(s['expires_at'])}  "
-        f"{s['workspace']}"
-        for s in sessions
-    ]
-    _print(args, sessions, "\n".join(lines) or "no sessions")
-    return 0
-
-
-def cmd_session_end(args: argparse.Namespace, paths: Paths) -> int:
-    result = _client(paths).call("DELETE", f"/control/sessions/{args.session_id}")
-    _print(args, result, f"ended {args.session_id} ({result['aborted']} in-flight requests aborted)")
-    return 0
-
-
-def cmd_session_update(args: argparse.Namespace, paths: Paths) -> int:
-    body: dict[str, Any] = {}
-    if args.mode is not None:
-        body["mode"] = args.mode
-    if args.allow is not None:
-        body["allow"] = args.allow
-    if args.network is not None:
-        body["network"] = args.network
-    result = _client(paths).call("PATCH", f"/control/sessions/{args.session_id}", body)
-    _print(args, result, f"updated {args.session_id}: mode {result['mode']}, allow {' '.join(result['allow'])}")
-    return 0
-
-
 def cmd_routes_list(args: argparse.Namespace, paths: Paths) -> int:
-    routes = _client(paths).call("GET", "/control/routes")["routes"]
-    _print(args, routes, "\n".join(f"{r['name']:<24} {r['path']}" for r in routes) or "no routes")
+    routes = control_client(paths).call("GET", "/control/routes")["routes"]
+    show(args, routes, "\n".join(f"{r['name']:<24} {r['path']}" for r in routes) or "no routes")
     return 0
 
 
 def cmd_routes_rotate(args: argparse.Namespace, paths: Paths) -> int:
-    _client(paths).call("POST", f"/control/routes/{args.name}/rotate")
+    control_client(paths).call("POST", f"/control/routes/{args.name}/rotate")
     print(f"rotated the token of {args.name}; its in-flight requests were aborted. Issue new sessions.")
     return 0
 
@@ -188,7 +135,7 @@ def _state(connector: dict[str, Any]) -> str:
 
 
 def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
-    found = _client(paths).call("GET", "/control/connectors")
+    found = control_client(paths).call("GET", "/control/connectors")
     lines = [
         f"{c['id']:<24} {c['state']:<13} {c.get('connected_sessions', 0):>8} {c['kind']:<8} {c['transport']:<9} "
         f"{c.get('auth', 'none')}"
@@ -197,12 +144,12 @@ def cmd_connectors_list(args: argparse.Namespace, paths: Paths) -> int:
     if lines:
         lines.insert(0, f"{'ID':<24} {'STATE':<13} {'SESSIONS':>8} {'KIND':<8} {'TRANSPORT':<9} SIGN-IN")
     lines += [f"problem: {p}" for p in found["problems"]]
-    _print(args, found, "\n".join(lines) or "no connectors configured")
+    show(args, found, "\n".join(lines) or "no connectors configured")
     return 0
 
 
 def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
-    c = _client(paths).call("GET", f"/control/connectors/{args.connector_id}")
+    c = control_client(paths).call("GET", f"/control/connectors/{args.connector_id}")
     apart = (
         "last_failure",
         "billable",
@@ -238,19 +185,19 @@ def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
         # The daemon has escaped and bounded the connector's stderr lines (connectors/failures.py).
         lines.append(f"last failure {failure['at']}, session {failure['session_id']}: {failure['reason']}")
         lines += [f"  | {line}" for line in failure["stderr"]] or ["  (it wrote nothing to stderr)"]
-    _print(args, c, "\n".join(lines))
+    show(args, c, "\n".join(lines))
     return 0
 
 
 def cmd_connectors_trust(args: argparse.Namespace, paths: Paths) -> int:
-    c = _client(paths).call("POST", f"/control/connectors/{args.connector_id}/trust")
-    _print(args, c, f"trusted {c['id']} as it is now ({c['trust_key']}); any edit to it needs trust again")
+    c = control_client(paths).call("POST", f"/control/connectors/{args.connector_id}/trust")
+    show(args, c, f"trusted {c['id']} as it is now ({c['trust_key']}); any edit to it needs trust again")
     return 0
 
 
 def cmd_connectors_untrust(args: argparse.Namespace, paths: Paths) -> int:
-    c = _client(paths).call("POST", f"/control/connectors/{args.connector_id}/untrust")
-    _print(args, c, f"untrusted {c['id']}")
+    c = control_client(paths).call("POST", f"/control/connectors/{args.connector_id}/untrust")
+    show(args, c, f"untrusted {c['id']}")
     return 0
 
 
@@ -261,7 +208,7 @@ def cmd_connectors_connect(args: argparse.Namespace, paths: Paths) -> int:
     if args.client_secret_file:
         client["client_secret_file"] = str(Path(args.client_secret_file).absolute())
     return connect(
-        _client(paths),
+        control_client(paths),
         paths,
         args.connector_id,
         browser=not args.no_browser,
@@ -271,20 +218,20 @@ def cmd_connectors_connect(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def cmd_connectors_revoke(args: argparse.Namespace, paths: Paths) -> int:
-    r = _client(paths).call("POST", f"/control/connectors/{args.connector_id}/revoke")
-    _print(args, r, f"revoked {r['revoked']}: local credentials deleted ({r['deleted']}); remotely: {r['remote']}")
+    r = control_client(paths).call("POST", f"/control/connectors/{args.connector_id}/revoke")
+    show(args, r, f"revoked {r['revoked']}: local credentials deleted ({r['deleted']}); remotely: {r['remote']}")
     return 0
 
 
 def cmd_connectors_install(args: argparse.Namespace, paths: Paths) -> int:
-    c = _client(paths).call("POST", "/control/connectors/install", {"path": str(Path(args.path).absolute())})
-    _print(args, c, f"installed {c['id']} from {args.path}; review it, then: sidecar connectors trust {c['id']}")
+    c = control_client(paths).call("POST", "/control/connectors/install", {"path": str(Path(args.path).absolute())})
+    show(args, c, f"installed {c['id']} from {args.path}; review it, then: sidecar connectors trust {c['id']}")
     return 0
 
 
 def cmd_approvals_list(args: argparse.Namespace, paths: Paths) -> int:
     query = "?all=1" if args.all else ""
-    approvals = _client(paths).call("GET", f"/control/approvals{query}")["approvals"]
+    approvals = control_client(paths).call("GET", f"/control/approvals{query}")["approvals"]
     lines = []
     for a in approvals:
         lines.append(
@@ -292,14 +239,14 @@ def cmd_approvals_list(args: argparse.Namespace, paths: Paths) -> int:
             + (f"  group {a['group']}" if a["group"] else "")
         )
         lines.extend(_argument_lines(a))
-    _print(args, approvals, "\n".join(lines) or "no pending approvals")
+    show(args, approvals, "\n".join(lines) or "no pending approvals")
     return 0
 
 
 def cmd_approvals_show(args: argparse.Namespace, paths: Paths) -> int:
-    a = _client(paths).call("GET", f"/control/approvals/{args.approval_id}")
+    a = control_client(paths).call("GET", f"/control/approvals/{args.approval_id}")
     head = [f"{key:<10} {a[key]}" for key in ("approval_id", "state", "kind", "tool", "session_id", "group") if a[key]]
-    _print(args, a, "\n".join([*head, "arguments:", *_argument_lines(a)]))
+    show(args, a, "\n".join([*head, "arguments:", *_argument_lines(a)]))
     return 0
 
 
@@ -315,15 +262,15 @@ def _argument_lines(approval: dict[str, Any]) -> list[str]:
 
 def cmd_approvals_allow(args: argparse.Namespace, paths: Paths) -> int:
     body = {"remember": args.remember} if args.remember else {}
-    approval = _client(paths).call("POST", f"/control/approvals/{args.approval_id}/allow", body)
+    approval = control_client(paths).call("POST", f"/control/approvals/{args.approval_id}/allow", body)
     how = f" (remembered for the session: {approval['group']})" if args.remember else " (once)"
-    _print(args, approval, f"allowed {approval['tool']}{how}; the agent can retry the call now")
+    show(args, approval, f"allowed {approval['tool']}{how}; the agent can retry the call now")
     return 0
 
 
 def cmd_approvals_deny(args: argparse.Namespace, paths: Paths) -> int:
-    approval = _client(paths).call("POST", f"/control/approvals/{args.approval_id}/deny")
-    _print(args, approval, f"denied {approval['tool']}")
+    approval = control_client(paths).call("POST", f"/control/approvals/{args.approval_id}/deny")
+    show(args, approval, f"denied {approval['tool']}")
     return 0
 
 
@@ -338,7 +285,7 @@ def cmd_audit(args: argparse.Namespace, paths: Paths) -> int:
             if report.ok
             else (f"audit log TAMPERED ({report.records} records):\n  " + "\n  ".join(report.problems))
         )
-        _print(args, data, text)
+        show(args, data, text)
         return 0 if report.ok else 1
     from sidecar.cli.auditlog import human_line, tail
 
@@ -367,66 +314,29 @@ def cmd_service(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
-def _command(
-    parent: Any, name: str, handler: Handler, help_text: str, *, json: bool = False
-) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
-    p.set_defaults(handler=handler)
-    if json:
-        p.add_argument("--json", action="store_true", help="print JSON")
-    return p
-
-
-def _group(sub: Any, name: str, help_text: str) -> Any:
-    return sub.add_parser(name, help=help_text).add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
-
-
 def _daemon_commands(sub: Any) -> None:
-    serve = _command(sub, "serve", cmd_serve, "run the daemon in the foreground")
+    serve = command(sub, "serve", cmd_serve, "run the daemon in the foreground")
     serve.add_argument("--port", type=int, default=None, help="TCP port (0 = any free port)")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (only 127.0.0.1 is accepted)")
     serve.add_argument("-v", "--verbose", action="store_true")
-    _command(sub, "status", cmd_status, "show the running daemon", json=True)
-    stop = _command(sub, "stop", cmd_stop, "stop the running daemon")
+    command(sub, "status", cmd_status, "show the running daemon", json=True)
+    stop = command(sub, "stop", cmd_stop, "stop the running daemon")
     stop.add_argument("--timeout", type=float, default=15.0)
-    svc = _command(sub, "service", cmd_service, "install or remove the background service (systemd/launchd)")
+    svc = command(sub, "service", cmd_service, "install or remove the background service (systemd/launchd)")
     svc.add_argument("action", choices=["install", "uninstall"])
 
 
-def _session_commands(sub: Any) -> None:
-    group = _group(sub, "session", "create, list, change and end agent sessions")
-    new = _command(group, "new", cmd_session_new, "create a session and print a client configuration", json=True)
-    new.add_argument("--project", default="default")
-    new.add_argument("--workspace", help="the session's workspace directory (default: current directory)")
-    add_session_options(new)
-    new.add_argument("--format", choices=["raw", "claude-code", "cursor", "vscode", "claude-desktop"], default="raw")
-    new.add_argument(
-        "--env-refs",
-        action="store_true",
-        help="print a config that names sidecar exec's environment variables instead of holding secrets (it can "
-        "be committed; run the agent with sidecar exec). No session is created. claude-code only",
-    )
-    _command(group, "list", cmd_session_list, "list live sessions", json=True)
-    end = _command(group, "end", cmd_session_end, "end a session and abort its in-flight calls", json=True)
-    end.add_argument("session_id")
-    update = _command(group, "update", cmd_session_update, "change a session's mode or grant", json=True)
-    update.add_argument("session_id")
-    update.add_argument("--mode", choices=["default", "read-only", "bypass"])
-    update.add_argument("--allow", action="append", metavar="PATTERN")
-    update.add_argument("--network", action=argparse.BooleanOptionalAction, default=None)
-
-
 def _connector_commands(sub: Any) -> None:
-    group = _group(sub, "connectors", "list, inspect, trust, untrust and install connectors (MCP servers)")
-    _command(group, "list", cmd_connectors_list, "every connector and its state", json=True)
+    actions = group(sub, "connectors", "list, inspect, trust, untrust and install connectors (MCP servers)")
+    command(actions, "list", cmd_connectors_list, "every connector and its state", json=True)
     for name, handler, help_text in (
         ("show", cmd_connectors_show, "one connector in detail (launch config, trust key, tool risks, last failure)"),
         ("trust", cmd_connectors_trust, "trust a connector as it is configured now"),
         ("untrust", cmd_connectors_untrust, "withdraw trust: its processes stop and its tools leave every session"),
     ):
-        _command(group, name, handler, help_text, json=True).add_argument("connector_id")
-    connect = _command(
-        group,
+        command(actions, name, handler, help_text, json=True).add_argument("connector_id")
+    connect = command(
+        actions,
         "connect",
         cmd_connectors_connect,
         "sign in to a remote connector or a package's provider (OAuth, in a browser)",
@@ -438,30 +348,30 @@ def _connector_commands(sub: Any) -> None:
     connect.add_argument(
         "--client-secret-file", help="a file only you can read holding that client's secret (kept encrypted)"
     )
-    revoke = _command(group, "revoke", cmd_connectors_revoke, "delete and revoke a connector's sign-in", json=True)
+    revoke = command(actions, "revoke", cmd_connectors_revoke, "delete and revoke a connector's sign-in", json=True)
     revoke.add_argument("connector_id")
-    install = _command(group, "install", cmd_connectors_install, "validate and install a connector package", json=True)
+    install = command(actions, "install", cmd_connectors_install, "validate and install a connector package", json=True)
     install.add_argument("path")
 
 
 def _access_commands(sub: Any) -> None:
-    routes = _group(sub, "routes", "list routes, rotate a route's token")
-    _command(routes, "list", cmd_routes_list, "list mounted routes", json=True)
-    rotate = _command(routes, "rotate", cmd_routes_rotate, "re-mint a route's token (aborts its in-flight requests)")
+    routes = group(sub, "routes", "list routes, rotate a route's token")
+    command(routes, "list", cmd_routes_list, "list mounted routes", json=True)
+    rotate = command(routes, "rotate", cmd_routes_rotate, "re-mint a route's token (aborts its in-flight requests)")
     rotate.add_argument("name")
 
-    approvals = _group(sub, "approvals", "list, allow or deny tool calls waiting for approval")
-    pending = _command(approvals, "list", cmd_approvals_list, "pending approvals", json=True)
+    approvals = group(sub, "approvals", "list, allow or deny tool calls waiting for approval")
+    pending = command(approvals, "list", cmd_approvals_list, "pending approvals", json=True)
     pending.add_argument("--all", action="store_true", help="also show used, denied and expired ones")
-    allow = _command(approvals, "allow", cmd_approvals_allow, "allow a pending call (once)", json=True)
+    allow = command(approvals, "allow", cmd_approvals_allow, "allow a pending call (once)", json=True)
     allow.add_argument("approval_id")
     allow.add_argument("--remember", choices=["session"], help="allow its group for the rest of the session")
-    show = _command(approvals, "show", cmd_approvals_show, "one approval with every argument in full", json=True)
+    show = command(approvals, "show", cmd_approvals_show, "one approval with every argument in full", json=True)
     show.add_argument("approval_id")
-    deny = _command(approvals, "deny", cmd_approvals_deny, "deny a pending call", json=True)
+    deny = command(approvals, "deny", cmd_approvals_deny, "deny a pending call", json=True)
     deny.add_argument("approval_id")
 
-    audit = _command(
+    audit = command(
         sub,
         "audit",
         cmd_audit,
@@ -477,7 +387,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sidecar {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _daemon_commands(sub)
-    _session_commands(sub)
+    add_session_commands(sub)
     _connector_commands(sub)
     _access_commands(sub)
     add_exec_command(sub)

@@ -56,7 +56,7 @@ def add_exec_command(sub: Any) -> None:
     )
     parser.set_defaults(handler=cmd_exec)
     parser.add_argument("--project", help="the session's project (default: the current directory's name)")
-    add_session_options(parser)
+    add_session_options(parser, label_default="the command's name, e.g. claude")
     parser.add_argument("agent", nargs=argparse.REMAINDER, metavar="-- CMD ARGS", help="the agent to run")
 
 
@@ -83,7 +83,9 @@ def cmd_exec(args: argparse.Namespace, paths: Paths) -> int:
     if not command:
         raise SidecarError("give the agent to run after --, e.g. sidecar exec -- claude")
     client = ControlClient(paths)
-    created = client.call("POST", "/control/sessions", _session_body(args))
+    body = _session_body(args)
+    body.setdefault("label", Path(command[0]).name[:80])
+    created = client.call("POST", "/control/sessions", body)
     session_id = str(created["session_id"])
 
     def name_agent(pid: int) -> None:

@@ -20,8 +20,13 @@ def duration(text: str) -> int:
     return int(found[1]) * _UNITS[found[2]]
 
 
-def add_session_options(parser: argparse.ArgumentParser) -> None:
-    """``--mode``, ``--allow``, ``--network``, ``--ttl`` and ``--connector``."""
+def add_session_options(parser: argparse.ArgumentParser, *, label_default: str) -> None:
+    """``--label``, ``--mode``, ``--allow``, ``--network``, ``--ttl`` and ``--connector``."""
+    parser.add_argument(
+        "--label",
+        help="what you will know the session by in session list, the console and status, up to 80 characters "
+        f"(default: {label_default})",
+    )
     parser.add_argument("--mode", choices=["default", "read-only", "bypass"], default="default")
     parser.add_argument(
         "--allow",
@@ -63,4 +68,6 @@ def session_body(args: argparse.Namespace, *, workspace: str, project: str) -> d
         body["ttl"] = args.ttl
     if args.connector is not None:
         body["connector"] = args.connector
+    if args.label is not None:
+        body["label"] = args.label
     return body

@@ -58,7 +58,7 @@ def overview(app: web.Application) -> dict[str, Any]:
         ],
         "connector_problems": [str(p) for p in app[CONNECTORS].manager.problems],
         "approvals": approvals,
-        "sessions": [{**s.public(), "clients": hub.clients(s.id)} for s in sessions.values()],
+        "sessions": [{**app[SESSIONS].describe(s), "clients": hub.clients(s.id)} for s in sessions.values()],
     }
 
 

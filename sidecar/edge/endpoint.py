@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 from aiohttp import web
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CLIENT_INFO_META_KEY
 
 from sidecar.auth.inflight import InflightTracker
 from sidecar.auth.principal import SCOPE_KEY, Principal
@@ -32,12 +33,26 @@ from sidecar.errors import UnsupportedMediaType
 from sidecar.net.body import read_jsonrpc
 from sidecar.seams.sdk_streamable import JSON_ANSWER, JsonAnsweringManager, is_modern
 
-__all__ = ["McpEndpoint"]
+__all__ = ["ClientSeen", "McpEndpoint"]
 
 logger = logging.getLogger(__name__)
 
 MANAGER_STOP_TIMEOUT: Final = 5.0
 """Seconds the SDK manager gets to close its sessions at shutdown before its task is cancelled."""
+
+
+ClientSeen = Callable[[str, object], None]
+"""Told (session id, ``clientInfo``) when a request names its client."""
+
+
+def _client_info(message: dict[str, Any]) -> object:
+    params = message.get("params")
+    if not isinstance(params, dict):
+        return None
+    if message.get("method") == "initialize":
+        return params.get("clientInfo")
+    meta = params.get("_meta")
+    return meta.get(CLIENT_INFO_META_KEY) if isinstance(meta, dict) else None
 
 
 class McpEndpoint:
@@ -51,10 +66,14 @@ class McpEndpoint:
         inflight: InflightTracker,
         hub: ChangeHub,
         quiet: QuietCall | None = None,
+        clients: ClientSeen | None = None,
     ) -> None:
         """``quiet`` picks the 2026-07-28 requests answered with one JSON body (``edge/jsonanswer.py``);
-        none without it. Every 2025-era request is answered in JSON unless it streams first."""
+        none without it. Every 2025-era request is answered in JSON unless it streams first. ``clients``
+        is told the ``clientInfo`` a request carries (an ``initialize``, or a 2026-07-28 request's
+        ``_meta``), with the caller's session id."""
         self._quiet = quiet
+        self._clients = clients
         self._settings = settings
         self._inflight = inflight
         self._hub = hub
@@ -107,6 +126,10 @@ class McpEndpoint:
             if request.content_type != "application/json":
                 raise UnsupportedMediaType("POST /mcp needs Content-Type: application/json")
             body, message = await read_jsonrpc(request, self._settings.limits)
+            if self._clients is not None and isinstance(message, dict):
+                info = _client_info(message)
+                if info is not None:
+                    self._clients(principal.session_id, info)
         transport_id = request.headers.get("mcp-session-id")
         if request.method == "DELETE" and transport_id:
             self._hub.forget_transport(principal.session_id, transport_id)

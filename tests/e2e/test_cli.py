@@ -492,6 +492,38 @@ async def test_session_list_end_and_update(d: DaemonProcess, workspace: Path) ->
         assert await tool_names(second, mode) == ["get_current_time"], mode
 
 
+async def test_sessions_say_what_they_are_label_client_and_last_use(d: DaemonProcess, workspace: Path) -> None:
+    spec = ["session", "new", "--workspace", str(workspace)]
+    hosted, labelled, raw = (
+        json.loads(ok(r).stdout)
+        for r in cli_all(d.env, [*spec, "--format", "raw", "--label", "review bot"], [*spec], [*spec])
+    )
+    made = json.loads(ok(d.cli(*spec, "--format", "claude-code", timeout=CLI_TIMEOUT)).stdout)
+    assert "mcpServers" in made  # a host's config: its session is labelled with the host
+    refused = d.cli(*spec, "--label", "two\nlines", check=False, timeout=CLI_TIMEOUT)
+    assert refused.returncode == 1 and "label must be" in refused.stderr
+
+    # A client that initializes names itself; each request marks the session used.
+    async with mcp_client(hosted) as client:
+        await asyncio.wait_for(client.list_tools(), MCP_TIMEOUT)
+    listed = {s["session_id"]: s for s in json.loads(ok(d.cli("session", "list", "--json")).stdout)}
+    assert [s["label"] for s in listed.values()].count("claude-code") == 1
+    used = listed[hosted["session_id"]]
+    assert used["label"] == "review bot" and used["client"] is not None and used["client"].startswith("mcp ")
+    assert used["last_used_at"] is not None and used["last_used_at"] >= used["created_at"]
+    idle = listed[labelled["session_id"]]
+    assert (idle["label"], idle["client"], idle["last_used_at"]) == ("", None, None)
+
+    text = ok(d.cli("session", "list", timeout=CLI_TIMEOUT)).stdout
+    row = next(line for line in text.splitlines() if hosted["session_id"] in line)
+    assert "review bot" in row and "mcp " in row and "s ago" in row
+    assert text.splitlines()[0].split()[:4] == ["ID", "LABEL", "CLIENT", "MODE"]
+    status = json.loads(ok(d.cli("status", "--json", timeout=CLI_TIMEOUT)).stdout)
+    assert status["recent_sessions"][0]["session_id"] == hosted["session_id"]
+    assert "last used: review bot, mcp " in ok(d.cli("status", timeout=CLI_TIMEOUT)).stdout
+    assert raw["session_id"] in listed
+
+
 # --- 7. routes -----------------------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -228,14 +229,18 @@ async def test_a_long_argument_is_bounded_on_its_own_and_revealed_on_request(bro
 
 
 async def test_ending_a_session_in_the_console_refuses_its_clients_next_call(browser: Any, daemon: Daemon) -> None:
-    session = await daemon.new_session(project="to-end")
+    session = await daemon.new_session(project="to-end", label="my agent")
     kept = await daemon.new_session(project="to-keep")
     async with console(browser, daemon) as watched:
         await show(watched, "sessions")
         async with mcp_client(session) as client:
             assert tool_text(await client.call_tool("calculate", {"expression": "6*7"})) == "42"
             row = watched.page.locator(f'tr[data-session="{session["session_id"]}"]')
-            await playwright_api.expect(row.locator("td").nth(6)).to_have_text("1", timeout=STEP)  # its client
+            cells = row.locator("td")
+            await playwright_api.expect(cells.nth(9)).to_have_text("1", timeout=STEP)  # its connection
+            await playwright_api.expect(cells.nth(0)).to_contain_text("my agent")
+            await playwright_api.expect(cells.nth(1)).to_have_text(re.compile(r"^mcp \S+$"))  # the SDK's clientInfo
+            await playwright_api.expect(cells.nth(7)).not_to_have_text("not since start")
             await screenshot(watched, "sessions")
             # End asks first: dismissed, nothing ends; accepted, the session does.
             asked: list[str] = []
@@ -247,7 +252,7 @@ async def test_ending_a_session_in_the_console_refuses_its_clients_next_call(bro
             watched.page.once("dialog", lambda dialog: asyncio.ensure_future(answer(dialog, False)))
             await row.get_by_role("button", name="End").click()
             await wait_until(lambda: bool(asked), timeout=STEP / 1000)
-            assert session["session_id"] in asked[0] and "to-end" in asked[0]
+            assert session["session_id"] in asked[0] and "to-end" in asked[0] and "my agent" in asked[0]
             assert tool_text(await client.call_tool("calculate", {"expression": "6*7"})) == "42"  # still alive
             watched.page.once("dialog", lambda dialog: asyncio.ensure_future(answer(dialog, True)))
             await row.get_by_role("button", name="End").click()

@@ -87,7 +87,7 @@ def test_the_agent_gets_the_connection_and_its_exit_code_comes_back(
     assert daemon_process.env["SIDECAR_HOME"] == env["SIDECAR_HOME"]  # the rest of the environment passes
     assert _sessions(daemon_process).strip() == "[]", "the agent's session outlived it"
     created = _audit(daemon_process, "session.created")
-    assert [r["project"] for r in created] == ["my-project"]
+    assert [(r["project"], r["label"]) for r in created] == [("my-project", "sh")]  # labelled with its command
 
 
 def test_an_sdk_client_connects_with_only_what_its_environment_holds(

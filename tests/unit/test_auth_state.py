@@ -91,6 +91,9 @@ def test_envelope_of_another_store_is_rejected(tmp_path: Path) -> None:
         {"ttl": 10**9},
         {"project_id": ""},
         {"workspace": "/definitely/not/here"},
+        {"label": "x" * 81},
+        {"label": "two\nlines"},
+        {"label": "bidi \u202e"},
     ],
 )
 def test_bad_session_requests_are_clear_errors(tmp_path: Path, kwargs: dict[str, object]) -> None:
@@ -106,3 +109,22 @@ def test_workspace_must_be_a_directory(tmp_path: Path) -> None:
     file.write_text("x")
     with pytest.raises(RequestRejected, match="not a directory"):
         _store(InflightTracker(), [0.0]).create(project_id="p", workspace=str(file))
+
+
+def test_a_session_knows_its_last_use_and_client_until_it_ends(tmp_path: Path) -> None:
+    clock = [1_000_000.0]
+    store = _store(InflightTracker(), clock)
+    session, envelope = store.create(project_id="p", workspace=str(tmp_path), label=" review bot ")
+    shown = store.describe(session)
+    assert (shown["label"], shown["client"], shown["last_used_at"]) == ("review bot", None, None)
+    clock[0] += 90
+    store.verify(envelope)
+    store.note_client(session.id, {"name": "claude-code", "version": "2.1.0"})
+    store.note_client(session.id, {"name": 7})  # not a clientInfo: ignored
+    store.note_client("s_unknown", {"name": "x"})  # no such session: nothing kept
+    shown = store.describe(store.get(session.id))
+    assert (shown["client"], shown["last_used_at"]) == ("claude-code 2.1.0", 1_000_090)
+    store.note_client(session.id, {"name": "n" * 500, "version": "1"})
+    assert len(str(store.describe(session)["client"])) <= 80
+    store.end(session.id)
+    assert store.describe(session)["client"] is None  # its activity went with it

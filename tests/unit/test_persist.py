@@ -87,14 +87,14 @@ def _works(daemon: Daemon, envelope: str, token: str) -> bool:
 def test_a_session_and_its_token_work_after_a_restart_and_an_ended_one_stays_ended(tmp_path: Path) -> None:
     clock = [NOW]
     first = _start(tmp_path, clock)
-    kept_id, kept, token = _session(first, tmp_path)
+    kept_id, kept, token = _session(first, tmp_path, label="kept one")
     ended_id, ended, _ = _session(first, tmp_path)
     first.sessions.end(ended_id)
     _stop(first)
 
     second = _start(tmp_path, clock)
     assert _works(second, kept, token)
-    assert [s.id for s in second.sessions.list()] == [kept_id]
+    assert [(s.id, s.label) for s in second.sessions.list()] == [(kept_id, "kept one")]  # its label too
     with pytest.raises(EnvelopeRejected):
         second.sessions.verify(ended)
     # New sessions get the new run's token; the one handed out before the restart still opens the route.

@@ -250,16 +250,20 @@
     return el(
       "tr",
       { data: { session: s.session_id } },
-      el("td", {}, el("code", { text: s.session_id })),
+      el("td", {}, el("strong", { text: s.label || "(no label)" }), el("div", {}, el("code", { cls: "muted", text: s.session_id }))),
+      el("td", { text: s.client || "—" }),
       el("td", { text: s.project_id }),
       el("td", {}, el("code", { text: s.workspace })),
       el("td", { text: s.mode + (s.network ? "" : " · no network") }),
       el("td", {}, el("code", { text: s.allow.join(" ") })),
+      el("td", { text: when(s.created_at) }),
+      el("td", { text: s.last_used_at ? when(s.last_used_at) : "not since start" }),
       el("td", { text: when(s.expires_at) }),
       el("td", { text: String(s.clients) }),
       el("td", {}, el("button", { cls: "danger", text: "End", onclick: () => {
         // Ending is not undone: its clients' next call is refused, so ask first.
-        const what = "End session " + s.session_id + " (project " + s.project_id + ")? Its clients' next call is refused.";
+        const name = (s.label ? s.label + ", " : "") + s.session_id;
+        const what = "End session " + name + " (project " + s.project_id + ")? Its clients' next call is refused.";
         if (window.confirm(what)) act("ended " + s.session_id, "POST", "sessions/" + s.session_id + "/end");
       } })),
     );

@@ -1,0 +1,51 @@
+"""What every command of the ``sidecar`` CLI shares: its client, its output, its parser pieces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from sidecar.paths import Paths
+
+__all__ = ["Handler", "ago", "command", "control_client", "group", "show"]
+
+Handler = Callable[[argparse.Namespace, Paths], int]
+
+
+def show(args: argparse.Namespace, data: Any, text: str | None = None) -> None:
+    """``text`` for a person; ``data`` as JSON with ``--json`` (or when there is no text)."""
+    if getattr(args, "json", False) or text is None:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        print(text)
+
+
+def control_client(paths: Paths) -> Any:
+    from sidecar.cli.client import ControlClient
+
+    return ControlClient(paths)
+
+
+def command(parent: Any, name: str, handler: Handler, help_text: str, *, json: bool = False) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = parent.add_parser(name, help=help_text, description=help_text)
+    p.set_defaults(handler=handler)
+    if json:
+        p.add_argument("--json", action="store_true", help="print JSON")
+    return p
+
+
+def group(sub: Any, name: str, help_text: str) -> Any:
+    return sub.add_parser(name, help=help_text).add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
+
+
+def ago(at: float | None, now: float) -> str:
+    """``12s ago``, ``5m ago``, ``3h ago``, ``2d ago``; ``-`` for never."""
+    if at is None:
+        return "-"
+    seconds = max(0, int(now - at))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
