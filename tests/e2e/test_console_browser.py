@@ -279,6 +279,21 @@ async def test_ending_a_session_in_the_console_refuses_its_clients_next_call(bro
     ]
 
 
+async def test_the_audit_view_wraps_long_details_instead_of_overflowing_the_page(browser: Any, daemon: Daemon) -> None:
+    # A project id may be 128 characters with no space or hyphen: one unbroken word in its audit record.
+    allow = [f"mcp__connector-with-a-long-name-{n}__*" for n in range(12)]
+    await daemon.new_session(project="acme_corp.platform_team." + "quarterly_report_generator_svc." * 3, allow=allow)
+    async with console(browser, daemon) as watched:
+        await show(watched, "audit")
+        await playwright_api.expect(watched.page.locator("#audit tr").first).to_be_visible(timeout=STEP)
+        await playwright_api.expect(watched.page.locator("#audit")).to_contain_text(allow[0], timeout=STEP)
+        await watched.page.set_viewport_size({"width": 1280, "height": 640})
+        overflow = await watched.page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0, f"the page scrolls sideways by {overflow}px"
+
+
 ATTACKER_PAGE: Final = """<!doctype html><html><body>
 <iframe id="framed" src="{daemon}/ui/"></iframe>
 <iframe name="sink"></iframe>
