@@ -150,6 +150,10 @@ def build_app(
     registry: ToolRegistry | None = None,
 ) -> web.Application:
     """The daemon's aiohttp application. ``registry`` lets benchmarks and tests add tools."""
+
+    def refused(route: str, reason: str) -> bool:
+        return app[REFUSALS].count(route, reason)  # looked up per refusal: the tally is made at start-up
+
     app = web.Application(
         middlewares=[
             error_middleware,
@@ -162,11 +166,13 @@ def build_app(
                 # The console's page calls the daemon (issue 14); an MCP client in a page the daemon
                 # serves is no foreign site either (issue 23): its route token is still required.
                 own_origin_paths=lambda path: is_console_path(path) or is_mcp_endpoint(path),
+                refused=refused,
             ),
             make_auth_middleware(
                 routes=lambda: app[ROUTES],
                 sessions=lambda: app[SESSIONS],
                 control_digest=lambda: runtime.control_digest,
+                refused=refused,
             ),
         ],
         client_max_size=settings.limits.max_body_bytes,

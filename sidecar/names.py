@@ -27,6 +27,7 @@ __all__ = [
     "is_connector_grant",
     "is_grant_pattern",
     "is_mcp_endpoint",
+    "refusal_route",
     "split_connector_tool",
 ]
 
@@ -100,3 +101,24 @@ def is_mcp_endpoint(path: str) -> bool:
         return True
     connector = path.removeprefix("/mcp/connectors/")
     return connector != path and CONNECTOR_ID.fullmatch(connector) is not None
+
+
+_REFUSAL_ROUTES: Final = (
+    ("/mcp/connectors/", "relay"),
+    ("/mcp/internal/", "internal"),
+    ("/mcp", "mcp"),
+    ("/api/", "rest"),
+    ("/control", "control"),
+    ("/ui", "console"),
+    ("/oauth/", "oauth"),
+)
+
+
+def refusal_route(path: str) -> str:
+    """Which family of routes ``path`` belongs to, as the aggregate refusal records name it (never the
+    path itself, which a caller chose): ``mcp``, ``relay``, ``internal``, ``rest``, ``control``,
+    ``console``, ``oauth`` or ``other``."""
+    for prefix, name in _REFUSAL_ROUTES:
+        if path.startswith(prefix):
+            return name
+    return "other"

@@ -17,8 +17,9 @@ from sidecar.auth.encoding import check_token
 from sidecar.auth.principal import Principal
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import SessionStore
-from sidecar.errors import Unauthorized
-from sidecar.names import PROXY_ROUTE, connector_route
+from sidecar.errors import EnvelopeRejected, Unauthorized
+from sidecar.names import PROXY_ROUTE, connector_route, refusal_route
+from sidecar.net.guard import Refused
 
 __all__ = ["PRINCIPAL", "bearer_token", "make_auth_middleware", "route_for_path", "session_envelope"]
 
@@ -63,24 +64,27 @@ def make_auth_middleware(
     routes: Callable[[], RouteRegistry],
     sessions: Callable[[], SessionStore],
     control_digest: Callable[[], bytes],
+    refused: Refused = lambda route, reason: True,
 ) -> Middleware:
     """Authenticate by path: ``/control`` → control token; token routes → route token + envelope.
 
-    ``routes`` and ``sessions`` give the app's registries, which exist once the app has started.
+    ``routes`` and ``sessions`` give the app's registries, which exist once the app has started. Each
+    refusal is counted (``refused``): nothing is written per request.
     """
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path == "/control" or path.startswith("/control/"):
-            check_token(bearer_token(request), control_digest(), what="control token")
-            return await handler(request)
-        route_name = route_for_path(path)
-        if route_name is None:
-            return await handler(request)
-        match = routes().authenticate(route_name, bearer_token(request))
-        session = sessions().verify(session_envelope(request))
-        request[PRINCIPAL] = Principal(route=match.name, generation=match.generation, session_id=session.id)
+        try:
+            if path == "/control" or path.startswith("/control/"):
+                check_token(bearer_token(request), control_digest(), what="control token")
+            elif (route_name := route_for_path(path)) is not None:
+                match = routes().authenticate(route_name, bearer_token(request))
+                session = sessions().verify(session_envelope(request))
+                request[PRINCIPAL] = Principal(route=match.name, generation=match.generation, session_id=session.id)
+        except (Unauthorized, EnvelopeRejected) as err:
+            refused(refusal_route(path), err.code)
+            raise
         return await handler(request)
 
     return auth

@@ -18,13 +18,18 @@ from multidict import CIMultiDict
 
 from sidecar.errors import SidecarError
 from sidecar.http import error_response
+from sidecar.names import refusal_route
 from sidecar.net.hostcheck import check_fetch_site, check_host, check_origin, check_target
 from sidecar.origins import Origin
 from sidecar.text import preview
 
-__all__ = ["add_vary_origin", "make_guard_middleware", "own_origins"]
+__all__ = ["Refused", "add_vary_origin", "make_guard_middleware", "own_origins"]
 
 logger = logging.getLogger(__name__)
+
+Refused = Callable[[str, str], bool]
+"""Counts one refusal before any credential is known, as (route family, reason): the audit gets one
+record per route a minute (``store.tally``). True for the first of its kind in the window: worth a log line."""
 
 _SEC_FETCH_SITE = "Sec-Fetch-Site"
 
@@ -35,6 +40,7 @@ def make_guard_middleware(
     allowed_origins: frozenset[Origin],
     fetch_site_exempt: Callable[[str], bool] = lambda path: False,
     own_origin_paths: Callable[[str], bool] = lambda path: False,
+    refused: Refused = lambda route, reason: True,
 ) -> Middleware:
     """Build the guard: target → Host → Origin → Sec-Fetch-Site, first failure answers, handler untouched.
 
@@ -44,8 +50,9 @@ def make_guard_middleware(
     ``Sec-Fetch-Site`` check, never Host or Origin. ``own_origin_paths(path)`` is true for the paths the
     daemon's own pages call (the web console, ``/ui``): there the daemon's own origins
     (``http://127.0.0.1:<port>``, ``localhost``, ``[::1]``) pass too, and nowhere else. A refusal is a
-    JSON error from ``error_response`` that says what is wrong, and one WARNING line that also names the
-    offending value. No CORS header is ever added; ``add_vary_origin`` (an ``on_response_prepare`` hook)
+    JSON error from ``error_response`` that says what is wrong; ``refused`` counts it, and the first of its
+    route and reason in a minute gets one WARNING line that also names the offending value (a flood writes
+    no line per request). No CORS header is ever added; ``add_vary_origin`` (an ``on_response_prepare`` hook)
     marks every response as varying on ``Origin``.
     """
 
@@ -62,8 +69,9 @@ def make_guard_middleware(
         except SidecarError as err:
             # One line with the offending value (repr'd and cut by hostcheck, in ``sent``: the answer
             # itself never carries it); other headers and query strings are never logged.
-            sent = f" (sent: {err.sent})" if err.sent is not None else ""
-            logger.warning("guard refused %s %s: %s%s", request.method, preview(request.path), err, sent)
+            if refused(refusal_route(request.path), err.code):  # the first of its kind this minute: one line
+                sent = f" (sent: {err.sent})" if err.sent is not None else ""
+                logger.warning("guard refused %s %s: %s%s", request.method, preview(request.path), err, sent)
             return error_response(request.path, err)
         return await handler(request)
 

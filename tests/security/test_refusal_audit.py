@@ -77,3 +77,34 @@ async def test_sign_in_links_that_lead_nowhere_are_counted_not_recorded(tmp_path
     refused = sorted((r["route"], r["count"], r["reasons"]) for r in _records(paths) if r["event"] == "request.refused")
     assert refused == [("oauth_callback", 50, {"unknown_state": 50}), ("oauth_start", 50, {"unknown_link": 50})]
     assert MARK not in paths.audit_file.read_text()
+
+
+async def test_refusals_before_any_credential_are_counted_per_route_and_reason_not_recorded(
+    tmp_path: Path, workspace: Path
+) -> None:
+    root = tmp_path / "home"
+    paths = Paths(config=root / "config", state=root / "state", data=root / "data")
+    async with running_daemon(paths, workspace) as daemon:
+        session = await daemon.new_session()
+        before = paths.audit_file.read_bytes()
+        bad_envelope = {**session["headers"], "X-Sidecar-Context": "v1.x.y"}
+        tries = [
+            ("POST", "/mcp", {"Authorization": "Bearer wrong"}, 401),
+            ("POST", "/mcp", bad_envelope, 403),
+            ("GET", "/api/v1/mcp/tools", {}, 401),
+            ("GET", "/control/status", {"Authorization": "Bearer wrong"}, 401),
+            ("GET", "/control/status", {"Host": f"{MARK}.example"}, 403),
+        ]
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http:
+            for _ in range(20):
+                for method, path, headers, status in tries:
+                    async with http.request(method, f"{daemon.url}{path}", headers=headers, json={}) as answer:
+                        assert answer.status == status, (path, await answer.text())
+        assert paths.audit_file.read_bytes() == before  # nothing written per request
+    refused = {r["route"]: (r["count"], r["reasons"]) for r in _records(paths) if r["event"] == "request.refused"}
+    assert refused == {
+        "mcp": (40, {"unauthorized": 20, "invalid_session": 20}),
+        "rest": (20, {"unauthorized": 20}),
+        "control": (40, {"unauthorized": 20, "host_not_allowed": 20}),
+    }
+    assert MARK not in paths.audit_file.read_text()
