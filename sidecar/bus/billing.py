@@ -1,7 +1,9 @@
 """The billing gate: does calling this tool cost money, so that a human must approve it (contract §6)?
 
 A manifest ``high-credit-tools.json`` (``{"version": 1, "tools": {name: {"approvalKind", "group"}}}``)
-marks the tools that cost money. Several manifests may cover one scope: ``builtin`` has the shipped one
+marks the tools that cost money; a user's or plugin's ``mcp.json`` entry may instead declare them inline
+(``"tools": {name: {"billable": {"approvalKind", "group"}}}``: a source with ``declared`` entries, part
+of the entry's trust key, never re-read). Several manifests may cover one scope: ``builtin`` has the shipped one
 and the user's; ``connector:<id>`` has its package's or plugin's own, which names the connector's tools
 as the connector does (``prefix`` makes them the pool's ``mcp__<id>__<tool>``). A tool is billable when
 any of them lists it; a scope that no manifest covers is free.
@@ -118,6 +120,8 @@ class ManifestSource:
     """Required: missing fails the whole scope closed. Optional: missing means no entries."""
     prefix: str = ""
     """What makes the manifest's names the pool's: ``mcp__<id>__`` for a connector's, none for built-ins."""
+    declared: tuple[tuple[str, BillableTool], ...] | None = None
+    """Entries declared in a config entry instead of a file (``path`` names that config); never read."""
 
 
 class _Unexpected(Exception):
@@ -258,6 +262,9 @@ class BillingGate:
         if state.checked_at is not None and now - state.checked_at < self._recheck:
             return
         source = state.source
+        if source.declared is not None:
+            self._settle(state, now, None, dict(source.declared), None)
+            return
         try:
             key: _StatKey | None = _stat_key(source.path)
         except OSError as exc:
@@ -321,6 +328,8 @@ class BillingGate:
 def read_source(source: ManifestSource) -> tuple[Mapping[str, BillableTool], str | None]:
     """One manifest read now, as the gate would read it: its tools by the manifest's own names, and its
     problem (``None`` when sound). What ``connectors show`` reports, trusted or not; never raises."""
+    if source.declared is not None:
+        return dict(source.declared), None
     missing = not os.path.lexists(source.path)
     try:
         return BillingGate._load(source, missing=missing)

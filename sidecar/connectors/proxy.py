@@ -43,7 +43,7 @@ from sidecar.store.files import read_json, write_json
 from sidecar.store.trust import TrustStore, tool_fingerprint
 from sidecar.text import preview
 
-__all__ = ["ConnectorTools", "Deferral", "billing_source", "withheld_message"]
+__all__ = ["ConnectorTools", "Deferral", "billing_sources", "withheld_message"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,17 +85,18 @@ async def _raw_call(
     return await call_tool_raw(client, tool, arguments, within=CALL_TIMEOUT, on_progress=relay, lane=lane)
 
 
-def billing_source(spec: ConnectorSpec) -> ManifestSource | None:
-    """A package's or plugin's ``high-credit-tools.json``, scoped to the connector, names as it names them;
-    optional (a connector without one is free), and failing closed when present but unsound."""
-    if spec.root is None:
-        return None
-    return ManifestSource(
-        scope=connector_route(spec.id),
-        path=spec.root / BILLING_FILE,
-        required=False,
-        prefix=connector_tool(spec.id, ""),
-    )
+def billing_sources(spec: ConnectorSpec) -> list[ManifestSource]:
+    """What says which of a connector's tools cost money, names as it names them: a package's or plugin's
+    ``high-credit-tools.json`` (optional: without one it is free; failing closed when present but
+    unsound), and what its ``mcp.json`` entry declares (``billable``)."""
+    scope, prefix = connector_route(spec.id), connector_tool(spec.id, "")
+    sources = []
+    if spec.root is not None:
+        sources.append(ManifestSource(scope=scope, path=spec.root / BILLING_FILE, required=False, prefix=prefix))
+    if spec.tool_billing:
+        declared = tuple(sorted(spec.tool_billing.items()))
+        sources.append(ManifestSource(scope=scope, path=spec.origin, required=False, prefix=prefix, declared=declared))
+    return sources
 
 
 def _cache_file(directory: Path, key: str) -> Path:
@@ -210,9 +211,8 @@ class ConnectorTools:
         self._defs[connector.id] = {str(t["name"]): t for t in tools}
         self._specs[connector.id] = spec
         if self._billing is not None:
-            source = billing_source(spec)
-            # SECURITY: its manifest covers its tools before they are callable (a corrupt one makes them ask).
-            self._billing.cover(connector_route(spec.id), [source] if source is not None else [])
+            # SECURITY: its manifests cover its tools before they are callable (a corrupt one makes them ask).
+            self._billing.cover(connector_route(spec.id), billing_sources(spec))
         for tool in tools:
             name = str(tool["name"])
             full = connector_tool(connector.id, name)

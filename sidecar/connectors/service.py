@@ -18,7 +18,7 @@ from typing import Any
 
 from sidecar.auth.routes import RouteRegistry
 from sidecar.auth.sessions import Session, SessionStore
-from sidecar.bus.billing import BillingGate, read_source
+from sidecar.bus.billing import BillableTool, BillingGate, read_source
 from sidecar.bus.policy import Phase, Verdict, decide, reaches_connector
 from sidecar.bus.registry import CallContext, Risk, ToolOutput, ToolRegistry
 from sidecar.connectors.catalog import ConnectorCatalog
@@ -27,7 +27,7 @@ from sidecar.connectors.launch import HttpAuthSource, LaunchContext
 from sidecar.connectors.manager import Connector, ConnectorManager, ConnectorState
 from sidecar.connectors.manifest.sources import ConnectorSpec
 from sidecar.connectors.pool import ConnectorPool, PoolLimits
-from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_source
+from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_sources
 from sidecar.connectors.relayed import RelayedConnections
 from sidecar.connectors.snapshot import changes_since_trust, record_trusted
 from sidecar.errors import SidecarError, ToolError
@@ -131,10 +131,14 @@ class ConnectorService:
             running=self.running(connector.id), connected=len(self.connected(connector.id)), detail=detail
         )
         if detail:
-            source = billing_source(connector.spec)
-            billable, problem = read_source(source) if source is not None else ({}, None)
+            billable: dict[str, BillableTool] = {}
+            problems = []
+            for source in billing_sources(connector.spec):
+                tools, problem = read_source(source)
+                billable = {**tools, **billable}  # the first source that lists a tool decides, as in the gate
+                problems += [problem] if problem is not None else []
             body["billable"] = {name: tool.model_dump(by_alias=True) for name, tool in sorted(billable.items())}
-            body["billing_problem"] = f"every tool asks: {problem}" if problem is not None else None
+            body["billing_problem"] = f"every tool asks: {'; '.join(problems)}" if problems else None
             failure = self.failures.last(connector.id)
             body["last_failure"] = failure.public() if failure is not None else None
             body["process"] = "shared" if self.pool.shares(connector.spec) else "session"

@@ -18,7 +18,7 @@ import pytest
 from mcp import types
 
 from tests.conftest import Daemon, cli_output, mcp_client
-from tests.helpers import ECHO_SERVER, copy_echo_server, python_server, rest, tool_text, trust
+from tests.helpers import ECHO_SERVER, copy_echo_server, python_server, rest, tool_text, trust, write_user_servers
 
 pytestmark = pytest.mark.slow  # the connectors run as processes
 
@@ -168,6 +168,18 @@ async def test_a_packages_billable_tools_ask_even_in_read_only_and_bypass(daemon
     # The built-ins' manifest is another scope: a built-in named like a connector's billable tool is free.
     async with mcp_client(session) as client:
         assert not (await client.call_tool("calculate", {"expression": "1"})).is_error
+
+
+async def test_a_user_entrys_declared_billable_tools_ask_in_bypass_and_show(daemon: Daemon) -> None:
+    billable = {"approvalKind": "image-generation", "group": "images"}
+    tools = {"echo": {"risk": "LOW", "billable": billable}, "argv": {"risk": "LOW"}}
+    write_user_servers(daemon, {"mine": {**python_server(ECHO_SERVER), "tools": tools}})
+    await trust(daemon, "mine")
+    session = await daemon.new_session(mode="bypass", allow=["*"])
+    assert await _verdicts(daemon, session, "mcp__mine__echo", {"text": "x"}) == ["asked"] * 5
+    assert await _verdicts(daemon, session, "mcp__mine__argv", {}) == ["ran"] * 5
+    shown = await daemon.control("GET", "/control/connectors/mine")
+    assert shown["billable"] == {"echo": billable} and shown["billing_problem"] is None
 
 
 @pytest.mark.parametrize("how", ["schema-invalid", "not-json", "world-writable"])

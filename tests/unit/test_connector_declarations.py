@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from sidecar.bus.billing import BillingGate, ManifestSource, read_source
+from sidecar.connectors.manifest.models import ConnectorFile
 from sidecar.connectors.manifest.sources import ConnectorSpec, load_package, load_plugin, load_user_servers
 from sidecar.connectors.manifest.trustkey import canonical_launch, trust_key
-from sidecar.connectors.proxy import Deferral, billing_source
+from sidecar.connectors.proxy import Deferral, billing_sources
 from sidecar.errors import ConfigError
 
 ENTRY: dict[str, Any] = {"command": sys.executable, "args": ["server.py"]}
@@ -144,8 +146,8 @@ def test_a_connectors_manifest_covers_its_own_scope_by_its_own_names(tmp_path: P
     _write(plugin / ".mcp.json", {"mcpServers": {"render": ENTRY}})
     manifest = _write(plugin / "high-credit-tools.json", PAID)
     [spec], _ = load_plugin(plugin)
-    source = billing_source(spec)
-    assert source is not None and source.scope == "connector:studio-render"
+    [source] = billing_sources(spec)
+    assert source.scope == "connector:studio-render"
     gate = BillingGate([])
     gate.cover(source.scope, [source])
     paid = gate.check(scope="connector:studio-render", tool="mcp__studio-render__render")
@@ -170,6 +172,28 @@ def test_a_connectors_manifest_covers_its_own_scope_by_its_own_names(tmp_path: P
 
 def test_a_user_server_has_no_manifest_of_its_own(tmp_path: Path) -> None:
     [spec], _ = _user(tmp_path, {"local": ENTRY})
-    assert billing_source(spec) is None
+    assert billing_sources(spec) == []
     with pytest.raises(ValueError, match="every source must cover"):
         BillingGate([]).cover("builtin", [ManifestSource(scope="other", path=tmp_path / "x", required=False)])
+
+
+def test_a_user_entry_declares_its_billable_tools_and_they_ask_in_their_own_group(tmp_path: Path) -> None:
+    billable = {"approvalKind": "image-generation", "group": "images"}
+    tools = {"render": {"risk": "LOW", "billable": billable}, "upscale": {"risk": "LOW"}}
+    [spec], problems = _user(tmp_path, {"local": {**ENTRY, "tools": tools}})
+    assert problems == []
+    [source] = billing_sources(spec)
+    gate = BillingGate([])
+    gate.cover(source.scope, [source])
+    paid = gate.check(scope="connector:local", tool="mcp__local__render")
+    assert (paid.billable, paid.kind, paid.group) == (True, "image-generation", "local/images")
+    assert not gate.check(scope="connector:local", tool="mcp__local__upscale").billable
+    assert read_source(source) == ({"render": spec.tool_billing["render"]}, None)
+
+
+def test_a_package_cannot_declare_billable_tools_in_connector_json() -> None:
+    billable = {"approvalKind": "credits", "group": "api"}
+    with pytest.raises(ValidationError, match=r"high-credit-tools\.json"):
+        ConnectorFile.model_validate(
+            {"id": "pkg", "name": "P", "type": "mcp", "tools": {"t": {"risk": "LOW", "billable": billable}}}
+        )

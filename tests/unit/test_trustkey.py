@@ -356,6 +356,18 @@ def test_a_user_entrys_tool_risks_are_declared_and_part_of_its_key(tmp_path: Pat
     assert len(set(keys)) == 3  # making a tool LOW (it would run unasked) needs trust again
 
 
+def test_a_user_entrys_billable_tools_are_part_of_its_key(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    keys = []
+    for billable in (None, {"approvalKind": "credits", "group": "api"}, {"approvalKind": "credits", "group": "x"}):
+        tier: dict[str, object] = {"risk": "MEDIUM", **({"billable": billable} if billable else {})}
+        _write(path, {"mcpServers": {"s": {"command": "x", "tools": {"search": tier}}}})
+        (spec,), problems = load_user_servers(path)
+        assert problems == []
+        keys.append(trust_key(spec))
+    assert len(set(keys)) == 3  # dropping a billable declaration (its calls would run unasked) needs trust again
+
+
 def test_a_package_declares_tool_risks_in_its_connector_file_not_its_mcp_json(package: Path) -> None:
     mcp = package / "mcp.json"
     servers = json.loads(mcp.read_text())

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from sidecar.bus.billing import BillableTool
 from sidecar.connectors.manifest.fields import (
     GIVEN,
     ClientSecretFile,
@@ -81,9 +82,12 @@ class _Model(BaseModel):
 
 
 class ToolEntry(_Model):
-    """How risky one of a package's tools is; unlisted tools get the default tier."""
+    """How risky one of a connector's tools is (unlisted tools get the default tier), and, in a user's or
+    plugin's ``mcp.json`` entry, whether a call costs money (``billable``: every call asks, in every mode)."""
 
     risk: Risk
+    billable: BillableTool | None = None
+    """``{"approvalKind", "group"}`` as in ``high-credit-tools.json``, where a package lists them instead."""
 
 
 class _Entry(_Model):
@@ -313,6 +317,13 @@ class ConnectorFile(_Model):
     """``false``: the connector works offline, so sessions without the network may use it."""
     process: ProcessMode = "session"
     """``"shared"``: one process of it serves every session (its ``mcp.json`` must have nothing per session)."""
+
+    @field_validator("tools")
+    @classmethod
+    def _package_lists_billable_tools_in_its_manifest(cls, value: dict[str, ToolEntry]) -> dict[str, ToolEntry]:
+        if any(entry.billable is not None for entry in value.values()):
+            raise ValueError("a package lists its billable tools in high-credit-tools.json, not connector.json")
+        return value
 
 
 class PluginFile(_Model):

@@ -262,9 +262,11 @@ def _server_spec(
     file_default: bool | list[str] | None,
     **extra: Any,
 ) -> ConnectorSpec:
-    """A spec for a server without a package: the tool risks its entry declares, no OAuth client."""
+    """A spec for a server without a package: the tool risks and billable tools its entry declares, no
+    OAuth client."""
     fields: dict[str, Any] = {"description": "", "version": None, "root": None, "billing_manifest": None}
     fields.update(extra)
+    tools = entry.tools or {}
     return ConnectorSpec(
         id=spec_id,
         kind=kind,
@@ -272,7 +274,8 @@ def _server_spec(
         examples=(),
         launch=_launch(entry),
         origin=origin,
-        tool_risks=MappingProxyType({tool: tier.risk for tool, tier in (entry.tools or {}).items()}),
+        tool_risks=MappingProxyType({tool: tier.risk for tool, tier in tools.items()}),
+        tool_billing=MappingProxyType({tool: tier.billable for tool, tier in tools.items() if tier.billable}),
         oauth=None,
         **fields,
         **_entry_facts(entry, file_default),

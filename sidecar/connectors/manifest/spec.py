@@ -7,10 +7,12 @@ builds them and the rest of ``sidecar.connectors`` (trust keys, the pool, the pr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Final, Literal
 
+from sidecar.bus.billing import BillableTool
 from sidecar.oauth.declared import OAuthClient, Provider
 
 __all__ = [
@@ -84,6 +86,8 @@ class ConnectorSpec:
     """A package's validated ``oauth-client.json`` (``None`` when the file is absent)."""
     billing_manifest: Path | None
     """``<root>/high-credit-tools.json`` when it exists (the billing gate validates it, failing closed)."""
+    tool_billing: Mapping[str, BillableTool] = field(default_factory=lambda: MappingProxyType({}))
+    """Tool name → what a call costs, as a user's or plugin's ``mcp.json`` entry declares it (``billable``)."""
     network: bool = True
     """Whether its tools need the session's network permission: true unless the connector declares it
     works offline (``connector.json`` ``"network": false``, an entry's ``"sidecarNetwork": false``)."""

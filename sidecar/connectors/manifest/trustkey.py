@@ -46,7 +46,8 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
     that says ``"process": "shared"`` carries ``"process"``: one process serving every session is a
     decision the user reviews (per-session processes, the default, hash as before). A user's or plugin's
     entry that declares its tools' risk carries ``"tool_risks"``: making a tool LOW lets it run unasked
-    (a package's declaration is in its files, digested apart).
+    (a package's declaration is in its files, digested apart); one that declares billable tools carries
+    ``"tool_billing"``: dropping one lets its calls run unasked.
     """
     launch = spec.launch
     canonical: dict[str, object] = {
@@ -67,6 +68,10 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
         canonical["process"] = "shared"
     if spec.tool_risks and spec.kind != "package":
         canonical["tool_risks"] = {name: str(risk) for name, risk in sorted(spec.tool_risks.items())}
+    if spec.tool_billing:
+        canonical["tool_billing"] = {
+            name: tool.model_dump(by_alias=True) for name, tool in sorted(spec.tool_billing.items())
+        }
     if launch.oauth is not None:
         secret_file = launch.oauth.secret_file
         canonical["oauth"] = {
