@@ -27,6 +27,7 @@ import pytest
 from aiohttp import web
 
 from sidecar.bus.approvals import MAX_VALUE_SHOWN
+from tests.browsers import CHROMIUM, CHROMIUM_FLAGS
 from tests.conftest import Daemon, mcp_client
 from tests.helpers import ECHO_SERVER, python_server, tool_text, trust, wait_until, write_user_servers
 
@@ -34,17 +35,6 @@ playwright_api = pytest.importorskip("playwright.async_api")
 
 pytestmark = pytest.mark.slow  # Chromium and Playwright's driver are processes
 
-CHROMIUM: Final = "/usr/bin/chromium"
-CHROMIUM_FLAGS: Final = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOTS: Final = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 """Where the README's screenshots live; the tests write them there with ``SIDECAR_SCREENSHOTS=1`` (every
 run takes them, but each differs in ports, paths and times: a plain run keeps the checkout clean)."""

@@ -414,17 +414,14 @@ async def test_a_call_refused_for_scope_asks_for_a_sign_in_with_the_union_of_sco
     assert {"mcp", "admin"} <= set(shown["granted_scopes"]) and shown["granted_beyond_asked"] == [], shown
 
 
-async def test_the_connect_command_opens_the_browser_and_returns_once_signed_in(
-    daemon: Daemon, servers: Servers, home: Path
-) -> None:
+async def _connect_command(home: Path, browser: str) -> tuple[int, str, str]:
+    """``sidecar connectors connect remote`` with ``$BROWSER`` set: (exit code, stdout, stderr)."""
     from tests.conftest import sidecar_env
 
-    await trust_remote(daemon, servers)
-    root = Path(__file__).resolve().parents[2]
-    env = {**sidecar_env(home), "BROWSER": f"{sys.executable} -m tests.oauth.browser %s"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sidecar", "connectors", "connect", "remote",
-        cwd=root, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2], env={**sidecar_env(home), "BROWSER": browser},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -432,8 +429,16 @@ async def test_the_connect_command_opens_the_browser_and_returns_once_signed_in(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    text = out.decode()
-    assert proc.returncode == 0, (text, err.decode())
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_connect_command_opens_the_browser_and_returns_once_signed_in(
+    daemon: Daemon, servers: Servers, home: Path
+) -> None:
+    await trust_remote(daemon, servers)
+    returncode, text, err = await _connect_command(home, f"{sys.executable} -m tests.oauth.browser %s")
+    assert returncode == 0, (text, err)
     assert "Sign in to remote in your browser" in text and "browser: 200 /oauth/callback" in text
     assert text.rstrip().endswith("signed in to remote"), text
     shown = await daemon.control("GET", "/control/connectors/remote")
@@ -451,24 +456,11 @@ SECRET_MARKS = ("state=", "code_challenge=", "/oauth/start", "/authorize")
 async def test_connect_through_chromium_puts_no_sign_in_secret_on_any_command_line(
     daemon: Daemon, servers: Servers, home: Path, tmp_path: Path
 ) -> None:
-    from tests.conftest import sidecar_env
-
     await trust_remote(daemon, servers)
-    root = Path(__file__).resolve().parents[2]
     with chromium_as_browser(tmp_path) as browser:
         async with watching_command_lines() as seen:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "sidecar", "connectors", "connect", "remote",
-                cwd=root, env={**sidecar_env(home), "BROWSER": browser},
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            try:
-                out, err = await asyncio.wait_for(proc.communicate(), 60)
-            finally:
-                if proc.returncode is None:
-                    proc.kill()
-                    await proc.wait()
-    assert proc.returncode == 0 and out.decode().rstrip().endswith("signed in to remote"), (out, err)
+            returncode, text, err = await _connect_command(home, browser)
+    assert returncode == 0 and text.rstrip().endswith("signed in to remote"), (text, err)
     assert (await daemon.control("GET", "/control/connectors/remote"))["auth"] == "ready"
     opened = [line for line in seen if "chromium" in line and "open-signin-remote" in line]
     assert opened, "the watcher never saw the browser's command line"  # so it could have seen a leak

@@ -19,6 +19,11 @@ from tests.helpers import HTTP_TIMEOUT
 MARK = "zq7mark"
 
 
+def _paths(tmp_path: Path) -> Paths:
+    root = tmp_path / "home"
+    return Paths(config=root / "config", state=root / "state", data=root / "data")
+
+
 def _records(paths: Paths) -> list[dict[str, object]]:
     return [json.loads(line) for line in paths.audit_file.read_bytes().splitlines() if line.strip()]
 
@@ -26,8 +31,7 @@ def _records(paths: Paths) -> list[dict[str, object]]:
 async def test_a_thousand_unauthenticated_internal_api_requests_make_one_record(
     tmp_path: Path, workspace: Path
 ) -> None:
-    root = tmp_path / "home"
-    paths = Paths(config=root / "config", state=root / "state", data=root / "data")
+    paths = _paths(tmp_path)
     async with running_daemon(paths, workspace) as daemon:
         before = paths.audit_file.read_bytes()
         statuses = set()
@@ -48,8 +52,7 @@ async def test_a_thousand_unauthenticated_internal_api_requests_make_one_record(
 
 
 async def test_failed_console_sign_ins_are_counted_not_recorded(tmp_path: Path, workspace: Path) -> None:
-    root = tmp_path / "home"
-    paths = Paths(config=root / "config", state=root / "state", data=root / "data")
+    paths = _paths(tmp_path)
     async with running_daemon(paths, workspace) as daemon:
         before = paths.audit_file.read_bytes()
         own = {"Origin": f"http://127.0.0.1:{daemon.port}"}
@@ -63,8 +66,7 @@ async def test_failed_console_sign_ins_are_counted_not_recorded(tmp_path: Path, 
 
 
 async def test_sign_in_links_that_lead_nowhere_are_counted_not_recorded(tmp_path: Path, workspace: Path) -> None:
-    root = tmp_path / "home"
-    paths = Paths(config=root / "config", state=root / "state", data=root / "data")
+    paths = _paths(tmp_path)
     async with running_daemon(paths, workspace) as daemon:
         before = paths.audit_file.read_bytes()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=HTTP_TIMEOUT)) as http:
@@ -82,8 +84,7 @@ async def test_sign_in_links_that_lead_nowhere_are_counted_not_recorded(tmp_path
 async def test_refusals_before_any_credential_are_counted_per_route_and_reason_not_recorded(
     tmp_path: Path, workspace: Path
 ) -> None:
-    root = tmp_path / "home"
-    paths = Paths(config=root / "config", state=root / "state", data=root / "data")
+    paths = _paths(tmp_path)
     async with running_daemon(paths, workspace) as daemon:
         session = await daemon.new_session()
         before = paths.audit_file.read_bytes()
