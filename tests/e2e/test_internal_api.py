@@ -14,21 +14,20 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import psutil
 import pytest
 from aiohttp import web
 
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, raw_request, running_daemon
-from tests.e2e.test_oauth_broker import HERE, _free_port, _node, _wait_port, browse
+from tests.e2e.test_oauth_broker import browse
 from tests.helpers import tool_text, wait_until
+from tests.oauth.real_as import IssuerLog, authorization_server, free_port
 from tests.oauth.upstream_api import Upstream
 
 pytestmark = pytest.mark.slow
@@ -39,34 +38,17 @@ CLIENT_ID, CLIENT_SECRET = "users-own-app", "users-own-secret"
 
 
 @dataclass
-class World:
+class World(IssuerLog):
     daemon: Daemon
-    issuer: str
     upstream: Upstream
     away: Upstream
-    events: Path
-
-    def grants(self, kind: str | None = None) -> list[dict[str, Any]]:
-        lines = [json.loads(x) for x in self.events.read_text().splitlines() if x.startswith("{")]
-        return [e for e in lines if e["event"].startswith("grant") and (kind is None or e.get("type") == kind)]
-
-    async def introspect(self, token: str) -> bool:
-        async with httpx2.AsyncClient(timeout=10) as http:
-            answer = await http.post(
-                f"{self.issuer}/token/introspection", data={"token": token}, auth=("rs", "rs-secret")
-            )
-        return bool(answer.json().get("active"))
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server = site._server
-    if server is None or not getattr(server, "sockets", None):
-        raise RuntimeError("the stand-in did not bind")
-    return runner, int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, int(runner.addresses[0][1])
 
 
 def _package(root: Path, issuer: str, upstream: str) -> str:
@@ -132,11 +114,10 @@ async def oauth_world(
 ) -> AsyncIterator[World]:
     """The daemon, the AS, the upstream stand-in (``upstream_app``) and a trusted package written by
     ``package(connectors_dir, issuer, upstream_url)``, which returns the package's id."""
-    as_port = _free_port()
+    as_port = free_port()
     issuer = f"http://127.0.0.1:{as_port}"
     upstream, away = Upstream(issuer), Upstream(issuer)
     runners = []
-    proc: subprocess.Popen[bytes] | None = None
     try:
         away_runner, away_port = await _serve(away.app())
         runners.append(away_runner)
@@ -144,35 +125,20 @@ async def oauth_world(
         up_runner, up_port = await _serve(upstream_app(upstream))
         runners.append(up_runner)
         async with running_daemon(Paths.resolve(), workspace) as daemon:
-            events = tmp_path / "as-events.log"
             as_env = {
                 "STATIC_CLIENT_ID": CLIENT_ID,
                 "STATIC_CLIENT_SECRET": CLIENT_SECRET,
                 "STATIC_REDIRECT_URI": f"http://127.0.0.1:{daemon.port}/oauth/callback",
                 **env,
             }
-            with events.open("wb") as sink, (tmp_path / "as-stderr.log").open("wb") as errors:
-                proc = subprocess.Popen(
-                    [_node(), str(HERE / "server.mjs"), str(as_port), f"http://127.0.0.1:{up_port}"],
-                    stdout=sink,
-                    stderr=errors,
-                    env={**os.environ, **as_env},
-                )
-            _wait_port(as_port, proc, "oidc-provider")
-            connector_id = package(daemon.paths.data / "connectors", issuer, f"http://127.0.0.1:{up_port}")
-            shown = await daemon.control("POST", f"/control/connectors/{connector_id}/trust")
-            assert shown["state"] == "trusted", shown
-            yield World(daemon, issuer, upstream, away, events)
-            upstream.release.set()
+            with authorization_server(tmp_path, as_port, f"http://127.0.0.1:{up_port}", **as_env) as log:
+                connector_id = package(daemon.paths.data / "connectors", issuer, f"http://127.0.0.1:{up_port}")
+                shown = await daemon.control("POST", f"/control/connectors/{connector_id}/trust")
+                assert shown["state"] == "trusted", shown
+                yield World(log.issuer, log.events, daemon, upstream, away)
+                upstream.release.set()
     finally:
         upstream.release.set()
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
         for runner in runners:
             await runner.cleanup()
 
@@ -334,7 +300,7 @@ async def test_twenty_concurrent_calls_across_a_rotation_make_one_refresh_and_no
     access = world.upstream.tokens[-1]
 
     async def expired() -> bool:
-        return not await world.introspect(access)
+        return not (await world.introspect(access))["active"]
 
     await wait_until(expired, timeout=BOUND, interval=0.2)  # the AS rotates on the next refresh
     before = len(world.grants("refresh_token"))
@@ -367,7 +333,7 @@ async def test_revoke_mid_call_ends_the_call_unauthorized_and_the_as_forgets_the
             call.cancel()
     assert text.startswith("unauthorized: "), text
     for token in tokens:
-        assert not await world.introspect(token)
+        assert not (await world.introspect(token))["active"]
     later = await world.daemon.new_session(mode="bypass", allow=["mcp__up__*"])
     assert (await fetch(later, "/items/1")).startswith("unauthorized: ")
 

