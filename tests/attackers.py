@@ -47,24 +47,38 @@ def as_other_user(*argv: str) -> list[str]:
 _WATCHER = r"""
 import json, os, sys, threading
 seen, done = set(), threading.Event()
-threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-print("watching", flush=True)
-while not done.is_set():
+
+def processes():
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    born = f.read().rpartition(b")")[2].split()[19]
+                yield (pid, born), f"/proc/{pid}/cmdline"
+            except (OSError, IndexError):
+                pass
+
+before = {key for key, _ in processes()}
+threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+print("watching", flush=True)
+while not done.is_set():
+    for key, cmdline in processes():
+        if key not in before:
+            try:
+                with open(cmdline, "rb") as f:
                     seen.add(f.read().replace(b"\0", b" ").decode(errors="replace"))
             except OSError:
                 pass
 print(json.dumps(sorted(seen)), flush=True)
 """
+"""Only processes born while it watches: whatever ran before (a CI runner's own script, say) is not the
+test's, and may quote anything."""
 
 
 @contextlib.asynccontextmanager
 async def watching_command_lines(bound: float = 30.0) -> AsyncIterator[list[str]]:
     """Another account (uid 65534) polls ``/proc/*/cmdline`` without pause while the block runs; the list
-    yielded holds every distinct command line it saw once the block has ended."""
+    yielded holds every distinct command line of a process started meanwhile, once the block has ended."""
     proc = await asyncio.create_subprocess_exec(
         *as_other_user(sys.executable, "-c", _WATCHER),
         stdin=asyncio.subprocess.PIPE,
