@@ -11,11 +11,10 @@ later ones. Start-up runs them in order, teardown in reverse:
    handed to them across a restart (``auth.persist``); sessions that end with a process are watched;
 3. bus — the tool registry with the built-ins, approvals, the billable gate, the tool service, and the
    hub that tells clients their tools changed;
-4. oauth — the OAuth broker: one grant per remote connector, shared by every session, kept in the
-   credential store; sign-in out of band. It knows nothing of connectors: it announces sign-ins and
-   revocations (``broker.subscribe``);
-5. connectors — manifests and trust, processes and relayed connections, their tools in the pool; it asks
-   the broker for each remote call's auth and subscribes to its events;
+4. oauth — the OAuth broker: one grant per remote connector, shared by every session, kept in the credential
+   store; sign-in out of band. It knows nothing of connectors: it announces sign-ins and revocations;
+5. connectors — manifests and trust, sandboxed processes and relayed connections, their tools in the
+   pool; it asks the broker for each remote call's auth and subscribes to its events;
 6. edge — the MCP SDK servers behind ``/mcp`` and ``/mcp/connectors/<id>``, and the routes' tokens
    (revoked first on the way down, aborting in-flight requests and streams).
 
@@ -87,6 +86,7 @@ from sidecar.connectors.manifest.watch import ConfigWatcher
 from sidecar.connectors.pool import PoolLimits
 from sidecar.connectors.proxy import Deferral
 from sidecar.connectors.service import ConnectorService
+from sidecar.connectors.stdio.sandbox import daemon_sandbox
 from sidecar.console import SIGNIN_PATH, add_console_routes, console_url, is_console_path
 from sidecar.control import add_control_routes
 from sidecar.edge.endpoint import McpEndpoint
@@ -313,6 +313,7 @@ async def _oauth(app: web.Application) -> AsyncIterator[None]:
 async def _connectors(app: web.Application) -> AsyncIterator[None]:
     settings, paths, runtime, sessions, hub = app[SETTINGS], app[PATHS], app[RUNTIME], app[SESSIONS], app[HUB]
     credentials = app[PROCESS_CREDENTIALS]
+    sandbox = await daemon_sandbox(settings.connectors.sandbox, paths)
 
     def launch_context(session_id: str, workspace: str) -> LaunchContext:
         return LaunchContext(
@@ -323,6 +324,7 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
             envelope=sessions.envelope(session_id),
             workspace=workspace,
             mint=lambda connector_id: credentials.mint(connector_id, session_id),
+            sandbox=sandbox,
         )
 
     def notify(session_id: str | None) -> None:
@@ -353,6 +355,7 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
         notify=notify,
         routes=app[ROUTES],
         http_auth=app[OAUTH],
+        sandbox=sandbox,
         limits=PoolLimits(
             per_connector=limits.max_per_connector,
             total=limits.max_total,
@@ -385,12 +388,11 @@ async def _connectors(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _on_sign_in(service: ConnectorService, trust: TrustStore, connector_id: str, event: str) -> None:
-    """A sign-in completed: connections and processes made under the old grant end (a server may bind
-    its MCP sessions to the credential that opened them: step-up's new token would find them gone; a
-    package's processes whose internal-API credentials a revoke ended start afresh) and reopen on the
-    next call; a connector whose tools could not be learned at trust (it needed the sign-in) learns them.
-    Revoked: a remote connector's connections end; a package's processes stay (their next internal-API
-    call gets 401 and they say so to the agent)."""
+    """A sign-in completed: connections and processes made under the old grant end (a server may bind its
+    MCP sessions to the credential that opened them; a package's processes whose internal-API credentials
+    a revoke ended start afresh) and reopen on the next call; a connector whose tools could not be learned
+    at trust (it needed the sign-in) learns them. Revoked: a remote connector's connections end; a
+    package's processes stay (their next internal-API call gets 401 and they say so to the agent)."""
     if event == "signed_in":
         await service.disconnect(connector_id)
         connector = service.manager.get(connector_id)

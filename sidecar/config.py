@@ -186,6 +186,11 @@ class ConnectorSettings(_Frozen):
     """Every connector whose launch config has nothing per session in it runs as if it said
     ``"process": "shared"``: one process serves all sessions' calls."""
 
+    sandbox: str = Field(default="bwrap", min_length=1, max_length=4096)
+    """The bubblewrap program every stdio connector runs in (a name on ``PATH`` or an absolute path). One
+    that is missing or cannot make a sandbox here means connectors run unconfined: said at start, in
+    ``sidecar status``, the console and ``connectors show``; one declaring ``"required": true`` does not start."""
+
     watch: bool = True
     """Re-read connector configs and packages when their files change (within about a second). Off, an
     edit takes effect at the next ``connectors list`` or spawn, which always checks trust against disk."""

@@ -104,8 +104,9 @@ async def status(request: web.Request) -> web.Response:
 
 
 def status_header(app: web.Application) -> dict[str, Any]:
-    """The daemon itself: version, pid, url, uptime, storage security, billing and trust-store problems
-    (what the web console's header shows on every poll, without the per-connector work of the rest)."""
+    """The daemon itself: version, pid, url, uptime, storage security, billing and trust-store problems,
+    whether connectors are sandboxed (what the web console's header shows on every poll, without the
+    per-connector work of the rest)."""
     runtime = app[RUNTIME]
     return {
         "version": __version__,
@@ -116,6 +117,7 @@ def status_header(app: web.Application) -> dict[str, Any]:
         "storage": {"credentials": app[OAUTH].store.describe(), "insecure": app[OAUTH].store.insecure},
         "billing_problems": app[BILLING].problems(),
         "trust_store_problem": app[TRUST].recheck(),
+        "sandbox": sandbox.support.as_json() if (sandbox := app[CONNECTORS].sandbox) else None,
     }
 
 
@@ -134,6 +136,7 @@ def status_body(app: web.Application) -> dict[str, Any]:
         "billing_problems": header["billing_problems"],
         "trust_store_problem": header["trust_store_problem"],
         "peer_check": app[FRONT_DOOR].describe(),
+        "sandbox": header["sandbox"],
     }
 
 

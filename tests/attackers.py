@@ -1,4 +1,5 @@
-"""Attackers the threat model names, as real processes: another OS account on the same machine.
+"""Attackers the threat model names, as real processes: another OS account on the same machine, and (with
+``tests/connectors/fixtures/hostile.py``) a hostile connector, which ``needs_sandbox`` tests confine.
 
 ``as_other_user`` runs a command as uid/gid 65534 (``nobody``) with ``setpriv``, which needs root: the
 suite runs as root in CI, so there these tests must run; elsewhere they are skipped with the reason.
@@ -18,7 +19,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-__all__ = ["OTHER_UID", "as_other_user", "needs_other_user", "watching_command_lines"]
+from sidecar.connectors.stdio.sandbox import detect
+
+__all__ = ["OTHER_UID", "as_other_user", "needs_other_user", "needs_sandbox", "watching_command_lines"]
 
 OTHER_UID = 65534
 
@@ -99,3 +102,12 @@ async def watching_command_lines(bound: float = 30.0) -> AsyncIterator[list[str]
                 proc.kill()
                 await proc.wait()
     seen.extend(json.loads(out))
+
+
+def needs_sandbox() -> pytest.MarkDecorator:
+    """Skip where connectors cannot be sandboxed (no bwrap, no user namespaces), except in CI, where the
+    sandbox tests must run (``scripts/test`` installs bubblewrap)."""
+    support = detect()
+    if not support.available and os.environ.get("CI") == "true":
+        raise RuntimeError(f"CI must run the sandbox tests: {support.reason}")
+    return pytest.mark.skipif(not support.available, reason=support.reason)

@@ -33,6 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from sidecar.bus.registry import ToolRegistry
 from sidecar.config import DEFAULT_PORT, Settings
+from sidecar.connectors.stdio.sandbox import detect
 from sidecar.daemon import serve
 from sidecar.paths import Paths
 from sidecar.service import serve_argv
@@ -101,6 +102,14 @@ def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, pytest.TestR
     if report.when == "call":
         item.stash[_CALL] = report  # for slow_means_it_spawns, at teardown
     return report
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_probed() -> None:
+    """Probe for the connector sandbox once per test process, before any test's window: a daemon does it
+    as it starts (``stdio.sandbox.detect``, cached per process), and an in-process daemon of a fast test
+    must find it done rather than start ``bwrap`` itself."""
+    detect()
 
 
 @pytest.fixture(autouse=True)

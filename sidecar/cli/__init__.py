@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar import __version__
-from sidecar.cli.common import ago, command, control_client, group, show
+from sidecar.cli.common import ago, command, control_client, group, sandbox_text, show
 from sidecar.cli.exec import add_exec_command
 from sidecar.cli.sessions import add_session_commands
 from sidecar.cli.ui import add_ui_command
@@ -57,6 +57,7 @@ def cmd_status(args: argparse.Namespace, paths: Paths) -> int:
         + (" (INSECURE)" if status["storage"]["insecure"] else "")
         + f"\n  approvals:  {status['pending_approvals']} pending"
         + f"\n  peers:      {_peer_check(status['peer_check'])}"
+        + f"\n  sandbox:    {_sandbox(status['sandbox'])}"
         + "".join(f"\n  BILLING MANIFEST PROBLEM (billable checks ask): {p}" for p in status["billing_problems"])
         + (
             f"\n  TRUST STORE REFUSED (last good trust kept; nothing written): {p}"
@@ -90,6 +91,13 @@ def _peer_check(check: dict[str, Any]) -> str:
     if check["checked"]:
         return f"other OS accounts refused at accept; {refused}"
     return f"NOT CHECKED ({check['reason']}): any local account may connect; {refused}"
+
+
+def _sandbox(support: dict[str, Any]) -> str:
+    """Whether connectors run sandboxed here (with what), or why not."""
+    if support["available"]:
+        return f"connectors run sandboxed ({support['reason']})"
+    return f"NONE: {support['reason']}"
 
 
 def cmd_stop(args: argparse.Namespace, paths: Paths) -> int:
@@ -158,6 +166,7 @@ def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
         "tool_risks",
         "granted_scopes",
         "granted_beyond_asked",
+        "sandbox",
     )
     shown = {k: v for k, v in c.items() if k not in apart}
     lines = [f"{k:<12} {v}" for k, v in shown.items() if v not in (None, [], {})]
@@ -166,6 +175,8 @@ def cmd_connectors_show(args: argparse.Namespace, paths: Paths) -> int:
         if c.get("granted_beyond_asked"):
             wider = " ".join(c["granted_beyond_asked"])
             lines.append(f"  more than the sign-in asked for: {wider} (the grant is kept; revoke to end it)")
+    if c.get("sandbox"):
+        lines.append(f"sandbox      {sandbox_text(c['sandbox'])}")
     tools = c.get("tools") or []
     if c.get("learning_tools"):
         lines.append("tools        learning them now (it was just trusted): show it again in a moment")

@@ -9,7 +9,7 @@ from typing import Any
 
 from sidecar.paths import Paths
 
-__all__ = ["Handler", "ago", "command", "control_client", "group", "show"]
+__all__ = ["Handler", "ago", "command", "control_client", "group", "sandbox_text", "show"]
 
 Handler = Callable[[argparse.Namespace, Paths], int]
 
@@ -49,3 +49,19 @@ def ago(at: float | None, now: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit} ago"
     return f"{seconds}s ago"
+
+
+def sandbox_text(sandbox: dict[str, Any]) -> str:
+    """A connector's sandbox (``connectors show``'s ``sandbox``) in one line: exactly what it may see."""
+    mode, why = sandbox["mode"], sandbox.get("why", "")
+    if mode == "off":
+        return "OFF: it runs unsandboxed, as you, with your files (your mcp.json says sidecarSandbox: false)"
+    if mode == "none":
+        return f"NONE here, so it runs as you, with your files: {why}"
+    if mode == "refused":
+        return f"REQUIRED, and there is none here, so it does not start: {why}"
+    shown = [f"workspace {sandbox['workspace']}"]
+    shown += [f"reads {', '.join(sandbox['read_paths'])}"] if sandbox["read_paths"] else []
+    shown += [f"writes {', '.join(sandbox['write_paths'])}"] if sandbox["write_paths"] else []
+    shown.append("the network" if sandbox["network"] else "no network")
+    return f"on: the system read-only, its own files, /tmp and its home ({sandbox['home']}); " + "; ".join(shown)

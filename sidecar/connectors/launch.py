@@ -20,6 +20,7 @@ import httpx2
 from mcp.client.streamable_http import streamable_http_client
 
 from sidecar.connectors.manifest.spec import ConnectorSpec
+from sidecar.connectors.stdio.sandbox import Sandbox
 from sidecar.errors import ToolError
 
 __all__ = [
@@ -67,6 +68,8 @@ class LaunchContext:
     mint: Callable[[str], tuple[str, Callable[[], None]]] | None = None
     """A process's own internal-API credential for a connector id: (token, release); when given, it is
     what ``${SIDECAR_LOCAL_MCP_AUTHORIZATION}`` carries, and the process's exit releases it."""
+    sandbox: Sandbox | None = None
+    """The sandbox a stdio process runs in (``stdio.sandbox``); ``None``: none (unit tests)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +125,25 @@ def launch_plan(spec: ConnectorSpec, context: LaunchContext, *, environ: Mapping
         # Shipped Python packages run on the daemon's interpreter, where the mcp package is installed.
         command = sys.executable
     env = scrubbed_environment({k: expand(v) for k, v in launch.env.items()}, environ)
-    cwd = expand(launch.cwd) if launch.cwd else context.workspace
-    return LaunchPlan(argv=(command, *(expand(a) for a in launch.args)), env=env, cwd=cwd, release=release)
+    cwd: str | None = expand(launch.cwd) if launch.cwd else context.workspace
+    argv: tuple[str, ...] = (command, *(expand(a) for a in launch.args))
+    if context.sandbox is not None:
+        try:
+            argv, env, cwd = context.sandbox.confine(
+                spec.id,
+                spec.sandbox,
+                argv,
+                env,
+                cwd=cwd,
+                workspace=context.workspace,
+                roots=[spec.root] if spec.root is not None and spec.kind != "user" else [],
+                network=spec.network,
+            )
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+    return LaunchPlan(argv=argv, env=env, cwd=cwd, release=release)
 
 
 class HttpAuthSource(Protocol):

@@ -25,7 +25,7 @@ import builtins
 import enum
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,11 +250,14 @@ class ConnectorManager:
 
     # -- what the user does --------------------------------------------------------------------
 
-    def trust(self, connector_id: str) -> Connector:
-        """Trust the connector's *current* config (and package files); a later edit needs trust again."""
+    def trust(
+        self, connector_id: str, *, facts: Callable[[ConnectorSpec], Mapping[str, object]] | None = None
+    ) -> Connector:
+        """Trust the connector's *current* config (and package files); a later edit needs trust again.
+        ``facts`` of that config go into the audit record (how its process will run)."""
         self.refresh()  # SECURITY: trust what is on disk now, not what was read at start
         connector = self.get(connector_id)
-        self._trust.trust(connector.key, name=connector.id)
+        self._trust.trust(connector.key, name=connector.id, facts=facts(connector.spec) if facts else None)
         connector.state = ConnectorState.TRUSTED
         connector.tool_drift = {}
         self._emit(connector, "trusted")

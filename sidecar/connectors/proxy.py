@@ -37,6 +37,7 @@ from sidecar.connectors.pool import ConnectorPool
 from sidecar.connectors.rawcall import call_tool_raw, tool_result
 from sidecar.connectors.sharing.shared import SessionView
 from sidecar.connectors.stdio.lane import RawLane
+from sidecar.connectors.stdio.sandbox import Sandbox
 from sidecar.errors import StorageError, ToolError
 from sidecar.names import MAX_TOOL_NAME, connector_route, connector_tool
 from sidecar.store.files import read_json, write_json
@@ -118,8 +119,10 @@ class ConnectorTools:
         notify_drift: Callable[[], None] = lambda: None,
         billing: BillingGate | None = None,
         deferral: Deferral | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self._registry = registry
+        self._sandbox = sandbox
         self._billing = billing
         self._deferral = deferral or Deferral()
         self._specs: dict[str, ConnectorSpec] = {}  # connector id -> the spec its tools were registered from
@@ -344,7 +347,7 @@ class ConnectorTools:
 
     async def _probe(self, spec: ConnectorSpec) -> dict[str, list[Mapping[str, Any]]]:
         with tempfile.TemporaryDirectory(prefix="sidecar-probe-") as scratch:
-            context = LaunchContext(origin="", authorization="", envelope="", workspace=scratch)
+            context = LaunchContext(origin="", authorization="", envelope="", workspace=scratch, sandbox=self._sandbox)
             plan: LaunchPlan = launch_plan(spec, context)
             session_id = f"{PROBE_SESSION}:{spec.id}"
             try:

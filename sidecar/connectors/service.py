@@ -30,6 +30,7 @@ from sidecar.connectors.pool import ConnectorPool, PoolLimits
 from sidecar.connectors.proxy import ConnectorTools, Deferral, billing_sources
 from sidecar.connectors.relayed import RelayedConnections
 from sidecar.connectors.snapshot import changes_since_trust, record_trusted
+from sidecar.connectors.stdio.sandbox import Sandbox
 from sidecar.errors import SidecarError, ToolError
 from sidecar.names import connector_route
 from sidecar.store.trust import TrustStore
@@ -58,8 +59,10 @@ class ConnectorService:
         billing: BillingGate | None = None,
         deferral: Deferral | None = None,
         http_auth: HttpAuthSource | None = None,
+        sandbox: Sandbox | None = None,
     ) -> None:
         self.manager = manager
+        self.sandbox = sandbox
         self._trust = trust
         self._cache_dir = cache_dir
         self._routes = routes
@@ -99,6 +102,7 @@ class ConnectorService:
             notify_drift=lambda: notify(None),
             billing=billing,
             deferral=deferral,
+            sandbox=sandbox,
         )
         self.catalog = ConnectorCatalog(manager=manager, pool=self.pool, offers=self.tools.offers, context=context)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -130,6 +134,7 @@ class ConnectorService:
         body = connector.public(
             running=self.running(connector.id), connected=len(self.connected(connector.id)), detail=detail
         )
+        body["sandbox"] = self.sandboxing(connector.spec)
         if detail:
             billable: dict[str, BillableTool] = {}
             problems = []
@@ -144,6 +149,18 @@ class ConnectorService:
             body["process"] = "shared" if self.pool.shares(connector.spec) else "session"
             body["spares"] = self.pool.spares.ready(connector.id)
         return body
+
+    def sandboxing(self, spec: ConnectorSpec) -> dict[str, object] | None:
+        """What the sandbox shows a stdio connector (``mode``: ``on``; ``off``, opted out; ``none``, no
+        sandbox here; ``refused``, it requires one there is not), or ``None``: no process of ours."""
+        if spec.launch.transport != "stdio" or self.sandbox is None:
+            return None
+        return self.sandbox.describe(spec.id, spec.sandbox, network=spec.network)
+
+    def _trust_facts(self, spec: ConnectorSpec) -> dict[str, object]:
+        """What the trust audit record says of how it will run: ``sandbox`` on, off, none or refused."""
+        described = self.sandboxing(spec)
+        return {"sandbox": described["mode"]} if described is not None else {}
 
     def changes_since_trust(self, connector: Connector) -> list[str] | None:
         """What differs from what the connector was last trusted as (one line per field), or None if
@@ -204,7 +221,7 @@ class ConnectorService:
 
     async def trust(self, connector_id: str) -> Connector:
         """Trust, then learn the connector's tools; a connector that fails to start is left in ``error``."""
-        connector = self.manager.trust(connector_id)
+        connector = self.manager.trust(connector_id, facts=self._trust_facts)
         record_trusted(self._cache_dir, connector.spec, connector.key)
         try:
             await self.tools.learn(connector)

@@ -278,8 +278,9 @@ class TrustStore:
         self.reload()
         return self._problem
 
-    def trust(self, key: str, *, name: str) -> TrustRecord:
-        """Trust ``key`` for ``name``; drop any other key of that name (its config changed). Idempotent."""
+    def trust(self, key: str, *, name: str, facts: Mapping[str, object] | None = None) -> TrustRecord:
+        """Trust ``key`` for ``name``; drop any other key of that name (its config changed). Idempotent.
+        ``facts`` go into the audit record (how the connector will run: its sandbox)."""
         with self._lock:
             previous = self._begin_write()
             base = self._records
@@ -292,7 +293,7 @@ class TrustStore:
             records[key] = record
             self._commit(records, previous)
             logger.info("trusted %s (%s)%s", name, key, f", replacing {', '.join(replaced)}" if replaced else "")
-            self._emit(EVENT_GRANTED, {"name": name, "key": key, "replaced": replaced})
+            self._emit(EVENT_GRANTED, {"name": name, "key": key, "replaced": replaced, **(facts or {})})
             return record
 
     def untrust(self, name: str) -> list[str]:

@@ -44,6 +44,7 @@ __all__ = [
     "PluginName",
     "Prose",
     "Risk",
+    "SandboxPath",
     "ScopeToken",
     "ServerName",
     "StdioOnly",
@@ -302,6 +303,12 @@ def _absolute_path(value: str) -> str:
     return value
 
 
+def _plain_path(value: str) -> str:
+    if any(part in (".", "..") for part in value.split("/")) or "//" in value or (value != "/" and value.endswith("/")):
+        raise ValueError("must be a normalised path: no '.', '..', '//' or trailing '/'")
+    return value
+
+
 def _names_its_directory(name: str, info: ValidationInfo) -> str:
     # SECURITY: the directory names the plugin and prefixes its ids; the manifest may not claim another.
     directory = context_of(info).directory
@@ -356,6 +363,8 @@ InlineClientSecret = Annotated[None, BeforeValidator(_secret_in_a_file)]
 """``clientSecret`` in an entry's ``oauth``: refused whenever present, pointing at ``clientSecretFile``."""
 ClientSecretFile = Annotated[Text, AfterValidator(_absolute_path)]
 """The absolute path of the file holding a pre-registered client's secret (read at sign-in, never copied)."""
+SandboxPath = Annotated[Text, AfterValidator(_absolute_path), AfterValidator(_plain_path)]
+"""A path a connector's sandbox shows it (``readPaths``, ``writePaths``): absolute and normalised."""
 GIVEN: Final = BeforeValidator(_not_null)
 """On ``X | None = None``: the key may be left out, but ``null`` is not a way to leave it out."""
 ABSENT: Final[Any] = object()

@@ -48,6 +48,7 @@ from sidecar.connectors.manifest.fields import (
     PluginName,
     Prose,
     Risk,
+    SandboxPath,
     ScopeToken,
     ServerName,
     StdioOnly,
@@ -64,6 +65,7 @@ __all__ = [
     "HttpOAuth",
     "PackageServersFile",
     "PluginFile",
+    "SandboxFile",
     "ServersFile",
     "StdioEntry",
     "ToolEntry",
@@ -90,6 +92,25 @@ class ToolEntry(_Model):
     """``{"approvalKind", "group"}`` as in ``high-credit-tools.json``, where a package lists them instead."""
 
 
+class SandboxFile(_Model):
+    """What a connector's sandbox shows it beyond the system and its own files (contract §5): nothing
+    unless declared here. Part of the trust key."""
+
+    workspace: Literal["none", "read", "read-write"] = "none"
+    """The session's workspace: not shown (the default), read-only, or read-write."""
+    read_paths: list[SandboxPath] = Field(default_factory=list, alias="readPaths")
+    """More absolute paths shown read-only (never sidecar's own directories nor your whole home)."""
+    write_paths: list[SandboxPath] = Field(default_factory=list, alias="writePaths")
+    """More absolute paths shown read-write."""
+    required: bool = False
+    """``true``: where there is no sandbox (no bubblewrap, no user namespaces, not Linux) it does not start."""
+
+
+_NO_WORKSPACE_WHEN_SHARED: Final = (
+    "a shared process serves every session, so its sandbox cannot show one session's workspace"
+)
+
+
 class _Entry(_Model):
     """Keys agent hosts add to an entry (accepted and ignored, but for ``disabled``), and sidecar's own."""
 
@@ -111,6 +132,10 @@ class _Entry(_Model):
     tools: dict[ToolName, ToolEntry] | None = None
     """Tool name → risk tier, as a package's ``connector.json`` has it (unlisted tools are MEDIUM); part of
     the trust key. A package declares this in ``connector.json``."""
+    sidecar_sandbox: SandboxFile | Literal[False] | None = Field(default=None, alias="sidecarSandbox")
+    """What the server's sandbox shows it (``{"workspace", "readPaths", "writePaths", "required"}``), or,
+    in your own ``mcp.json`` only, ``false``: it runs unsandboxed, shown so everywhere. A package declares
+    this in ``connector.json`` (``sandbox``)."""
 
     @field_validator("disabled")
     @classmethod
@@ -133,6 +158,18 @@ class _Entry(_Model):
     ) -> dict[str, ToolEntry] | None:
         if value is not None and context_of(info).kind == "package":
             raise ValueError('a package declares its tools\' risk in connector.json ("tools")')
+        return value
+
+    @field_validator("sidecar_sandbox")
+    @classmethod
+    def _sandbox_declared_where_it_may_be(
+        cls, value: SandboxFile | Literal[False] | None, info: ValidationInfo
+    ) -> SandboxFile | Literal[False] | None:
+        kind = context_of(info).kind
+        if value is not None and kind == "package":
+            raise ValueError('a package declares this in connector.json ("sandbox")')
+        if value is False and kind != "user":
+            raise ValueError("only your own mcp.json may run a server unsandboxed")
         return value
 
     @field_validator("process")
@@ -194,6 +231,8 @@ class StdioEntry(_Entry):
             refusal = shared_refusal(self.command, self.args, self.env, self.cwd)
             if refusal is not None:
                 raise ValueError(refusal)
+            if self.sidecar_sandbox and self.sidecar_sandbox.workspace != "none":
+                raise ValueError(_NO_WORKSPACE_WHEN_SHARED)
         return self
 
 
@@ -225,6 +264,12 @@ class HttpEntry(_Entry):
         if value == "shared":
             raise ValueError("a remote (http) server has no process of sidecar's to share")
         return value
+
+    @field_validator("sidecar_sandbox")
+    @classmethod
+    def _no_process_to_sandbox(cls, value: object) -> None:
+        if value is not None:
+            raise ValueError("a remote (http) server has no process of sidecar's to sandbox")
 
 
 class _OtherTransport(_Entry, extra="allow"):
@@ -317,6 +362,14 @@ class ConnectorFile(_Model):
     """``false``: the connector works offline, so sessions without the network may use it."""
     process: ProcessMode = "session"
     """``"shared"``: one process of it serves every session (its ``mcp.json`` must have nothing per session)."""
+    sandbox: SandboxFile = Field(default_factory=SandboxFile)
+    """What its sandbox shows it beyond the system and the package's own files; a package cannot opt out."""
+
+    @model_validator(mode="after")
+    def _shared_sees_no_workspace(self) -> ConnectorFile:
+        if self.process == "shared" and self.sandbox.workspace != "none":
+            raise ValueError(_NO_WORKSPACE_WHEN_SHARED)
+        return self
 
     @field_validator("tools")
     @classmethod

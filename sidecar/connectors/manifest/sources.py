@@ -39,6 +39,7 @@ from sidecar.connectors.manifest.models import (
     HttpEntry,
     PackageServersFile,
     PluginFile,
+    SandboxFile,
     ServersFile,
     StdioEntry,
     is_disabled,
@@ -46,7 +47,7 @@ from sidecar.connectors.manifest.models import (
     validate_entry,
 )
 from sidecar.connectors.manifest.oauth_client import OAuthClientFile
-from sidecar.connectors.manifest.spec import ConnectorSpec, LaunchConfig, ManifestProblem
+from sidecar.connectors.manifest.spec import Confinement, ConnectorSpec, LaunchConfig, ManifestProblem
 from sidecar.errors import ConfigError, StorageError
 from sidecar.oauth.declared import OAuthClient
 from sidecar.store.files import loads_strict, read_private
@@ -156,13 +157,28 @@ def _deferral(declared: bool | list[str] | None) -> bool | frozenset[str] | None
     return frozenset(declared) if isinstance(declared, list) else declared
 
 
+def _confinement(declared: SandboxFile | bool | None) -> Confinement:
+    if declared is False:
+        return Confinement(enabled=False)
+    if not isinstance(declared, SandboxFile):
+        return Confinement()
+    return Confinement(
+        workspace=declared.workspace,
+        read_paths=tuple(declared.read_paths),
+        write_paths=tuple(declared.write_paths),
+        required=declared.required,
+    )
+
+
 def _entry_facts(entry: StdioEntry | HttpEntry, file_default: bool | list[str] | None) -> dict[str, Any]:
-    """What an entry declares for sidecar itself: network and deferral (the entry's own, else its file's)."""
+    """What an entry declares for sidecar itself: network, deferral (the entry's own, else its file's),
+    process sharing and its sandbox."""
     declared = entry.defer_loading if entry.defer_loading is not None else file_default
     return {
         "network": entry.sidecar_network is not False,
         "defer_loading": _deferral(declared),
         "process": entry.process or "session",
+        "sandbox": _confinement(entry.sidecar_sandbox),
     }
 
 
@@ -237,6 +253,7 @@ def _package(directory: Path) -> ConnectorSpec:
         billing_manifest=_billing(directory),
         network=connector.network,
         process=connector.process,
+        sandbox=_confinement(connector.sandbox),
         defer_loading=_deferral(entry.defer_loading if entry.defer_loading is not None else servers.defer_loading),
     )
 

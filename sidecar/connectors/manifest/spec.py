@@ -17,6 +17,7 @@ from sidecar.oauth.declared import OAuthClient, Provider
 
 __all__ = [
     "SESSION_PLACEHOLDERS",
+    "Confinement",
     "ConnectorSpec",
     "LaunchConfig",
     "ManifestProblem",
@@ -64,6 +65,42 @@ class LaunchConfig:
     """http: the client to sign in as, instead of registering one dynamically."""
 
 
+WorkspaceAccess = Literal["none", "read", "read-write"]
+
+
+@dataclass(frozen=True, slots=True)
+class Confinement:
+    """What a stdio connector's sandbox shows it beyond the system and its own files, as it declares
+    (``connector.json`` ``sandbox``, an entry's ``sidecarSandbox``); ``sidecar.connectors.stdio.sandbox``
+    turns it into a ``bwrap`` command line. The default: no workspace, no extra path, sandboxed where
+    there is a sandbox."""
+
+    enabled: bool = True
+    """``False``: the user's own ``mcp.json`` entry opted out (``"sidecarSandbox": false``)."""
+    workspace: WorkspaceAccess = "none"
+    """The session's workspace: not shown, read-only, or read-write."""
+    read_paths: tuple[str, ...] = ()
+    write_paths: tuple[str, ...] = ()
+    required: bool = False
+    """``True``: where there is no sandbox, the connector does not start."""
+
+    def declared(self) -> dict[str, object] | None:
+        """The declaration as the trust key and ``connectors show`` hold it; ``None`` for the default."""
+        if self == _DEFAULT_CONFINEMENT:
+            return None
+        if not self.enabled:
+            return {"enabled": False}
+        return {
+            "workspace": self.workspace,
+            "read_paths": list(self.read_paths),
+            "write_paths": list(self.write_paths),
+            "required": self.required,
+        }
+
+
+_DEFAULT_CONFINEMENT: Final = Confinement()
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorSpec:
     """One connector from any source, validated; trust is keyed on it (``trustkey.trust_key``)."""
@@ -98,13 +135,15 @@ class ConnectorSpec:
     process: ProcessMode = "session"
     """``shared`` when its ``connector.json`` or its entry says ``"process": "shared"``: one process of it
     serves every session (only a config ``session_dependence`` finds nothing in may say so)."""
+    sandbox: Confinement = _DEFAULT_CONFINEMENT
+    """What its sandbox shows it (stdio only)."""
 
     @property
     def session_free(self) -> bool:
         """One process of it could serve any session: a stdio config with nothing per session in it."""
         launch = self.launch
-        if launch.transport != "stdio":
-            return False
+        if launch.transport != "stdio" or self.sandbox.workspace != "none":
+            return False  # a sandbox that shows a workspace shows one session's
         return session_dependence(launch.command, launch.args, launch.env, launch.cwd) is None
 
     def deferred(self, tool: str, *, default: bool) -> bool:

@@ -47,7 +47,9 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
     decision the user reviews (per-session processes, the default, hash as before). A user's or plugin's
     entry that declares its tools' risk carries ``"tool_risks"``: making a tool LOW lets it run unasked
     (a package's declaration is in its files, digested apart); one that declares billable tools carries
-    ``"tool_billing"``: dropping one lets its calls run unasked.
+    ``"tool_billing"``: dropping one lets its calls run unasked. One whose sandbox declaration is not the
+    default (a workspace, more paths, required, or opted out) carries ``"sandbox"``: what it may see is
+    what the user approves.
     """
     launch = spec.launch
     canonical: dict[str, object] = {
@@ -72,6 +74,8 @@ def canonical_launch(spec: ConnectorSpec) -> bytes:
         canonical["tool_billing"] = {
             name: tool.model_dump(by_alias=True) for name, tool in sorted(spec.tool_billing.items())
         }
+    if (sandbox := spec.sandbox.declared()) is not None:
+        canonical["sandbox"] = sandbox
     if launch.oauth is not None:
         secret_file = launch.oauth.secret_file
         canonical["oauth"] = {

@@ -86,6 +86,9 @@
     document.getElementById("uptime").textContent = duration(status.uptime_seconds);
     const storage = status.storage.credentials + (status.storage.insecure ? " (insecure: key file)" : "");
     document.getElementById("storage").textContent = storage;
+    const sandbox = document.getElementById("sandbox");
+    sandbox.textContent = status.sandbox.available ? "connectors sandboxed" : "NONE: " + status.sandbox.reason;
+    sandbox.classList.toggle("problem", !status.sandbox.available);
     document.getElementById("endpoint").textContent = status.url;
   }
 
@@ -98,6 +101,19 @@
   }
 
   // --- connectors ---------------------------------------------------------------------------------
+  // What a connector's sandbox shows it, as `sidecar connectors show` says it; "" for a remote one.
+  function sandboxText(s) {
+    if (!s) return "";
+    if (s.mode === "off") return "UNSANDBOXED: runs as you, with your files (your mcp.json opts it out)";
+    if (s.mode === "none") return "UNSANDBOXED (no sandbox here: " + s.why + ")";
+    if (s.mode === "refused") return "requires a sandbox, and there is none here: it does not start (" + s.why + ")";
+    const shown = ["workspace " + s.workspace];
+    if (s.read_paths.length) shown.push("reads " + s.read_paths.join(", "));
+    if (s.write_paths.length) shown.push("writes " + s.write_paths.join(", "));
+    shown.push(s.network ? "the network" : "no network");
+    return "sandboxed: the system read-only, its own files, a private home and /tmp; " + shown.join("; ");
+  }
+
   function connectorRow(c) {
     const state = el("td", {}, el("span", { cls: "state state-" + c.state, text: c.state }));
     const reason = c.error || c.config_problem;
@@ -130,7 +146,8 @@
       "tr",
       { data: { connector: c.id } },
       el("td", {}, el("strong", { text: c.id }), el("div", { cls: "muted", text: c.name })),
-      el("td", { text: c.kind + " · " + c.transport + (c.network ? "" : " · offline") }),
+      el("td", {}, c.kind + " · " + c.transport + (c.network ? "" : " · offline"),
+        c.sandbox ? el("div", { cls: c.sandbox.mode === "on" ? "muted" : "problem", text: c.sandbox.mode === "on" ? "sandboxed" : "unsandboxed" }) : ""),
       state,
       el("td", { text: String(c.connected_sessions) }),
       tools,
@@ -173,11 +190,12 @@
     add("env keys", c.env_keys);
     add("url", c.url);
     add("OAuth client", c.oauth_client);
+    add("sandbox", sandboxText(c.sandbox) || null);
     add("package digest", c.package_digest);
     add("trust key", c.trust_key);
     const tools = Object.entries(c.tool_risks || {}).map(([name, risk]) => name + " " + risk);
     add("declared risks", tools);
-    const children = [el("h3", { text: "Trust " + c.id + "?" }), el("p", { text: "Trusting runs exactly this, as you, with your files:" }), facts];
+    const children = [el("h3", { text: "Trust " + c.id + "?" }), el("p", { text: c.sandbox && c.sandbox.mode === "on" ? "Trusting runs exactly this, as you, in a sandbox that shows it only what is listed:" : "Trusting runs exactly this, as you, with your files:" }), facts];
     if (c.state === "changed" || c.trusted_keys.some((k) => k.key !== c.trust_key)) {
       const was = c.trusted_keys.map((k) => k.key + " (trusted " + k.trusted_at + ")").join(", ");
       children.push(el("p", { cls: "problem", text: "Changed since you trusted it: its config or package files differ. Trusted before as " + was + "; it is now " + c.trust_key + "." }));
