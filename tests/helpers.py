@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -53,8 +54,35 @@ def tool_text(result: types.CallToolResult) -> str:
 
 
 def child_pids() -> set[int]:
-    """The pids of every descendant of the test runner (connector processes included)."""
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    """The pids of every descendant of the test runner (connector processes included), but the ``bwrap``
+    processes that hold each sandboxed connector (``sandboxes``)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)} - sandboxes()
+
+
+def host_pid(pid: int, pidns: str) -> int:
+    """The pid on the host of the test runner's descendant that is ``pid`` in PID namespace ``pidns`` (as
+    a process reports itself: ``os.getpid()``, ``readlink /proc/self/ns/pid``). A sandboxed connector has a
+    namespace of its own, so its pid there (2) says nothing here; one unsandboxed shares ours."""
+    if pidns == os.readlink("/proc/self/ns/pid"):
+        return pid
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{child.pid}/status").read_text()
+            inner = next(line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:"))
+            if os.readlink(f"/proc/{child.pid}/ns/pid") == pidns and int(inner) == pid:
+                return child.pid
+    raise LookupError(f"no descendant is pid {pid} in {pidns}")
+
+
+def sandboxes() -> set[int]:
+    """The pids of the ``bwrap`` processes among the test runner's descendants: two around each sandboxed
+    connector (the outer one, and the init of its PID namespace)."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name() == "bwrap":
+                found.add(child.pid)
+    return found
 
 
 async def wait_until(
@@ -130,11 +158,16 @@ def copy_echo_server(directory: Path) -> Path:
     return server
 
 
-def python_server(script: Path, *args: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """An ``mcp.json`` entry that runs ``script`` with this interpreter."""
+def python_server(
+    script: Path, *args: str, env: Mapping[str, str] | None = None, writes: Path | None = None
+) -> dict[str, Any]:
+    """An ``mcp.json`` entry that runs ``script`` with this interpreter; its sandbox shows it ``writes``
+    read-write (where the test and the server share files), as a user's entry would declare it."""
     entry: dict[str, Any] = {"command": sys.executable, "args": [str(script), *args]}
     if env is not None:
         entry["env"] = dict(env)
+    if writes is not None:
+        entry["sidecarSandbox"] = {"writePaths": [str(writes)]}
     return entry
 
 
@@ -170,9 +203,11 @@ async def trust(daemon: Daemon, connector_id: str) -> dict[str, Any]:
     return shown
 
 
-async def trust_user_server(daemon: Daemon, connector_id: str, script: Path) -> dict[str, Any]:
+async def trust_user_server(
+    daemon: Daemon, connector_id: str, script: Path, *, writes: Path | None = None
+) -> dict[str, Any]:
     """Configure ``python script`` as the user's only MCP server, ``connector_id``, and trust it; its status."""
-    write_user_servers(daemon, {connector_id: python_server(script)})
+    write_user_servers(daemon, {connector_id: python_server(script, writes=writes)})
     return await trust(daemon, connector_id)
 
 

@@ -7,7 +7,8 @@ be the daemon becomes the child subreaper of its connectors' trees. The connecto
 connector answers ``initialize``; no scan of ``/proc`` could link the two. Untrusting the connector,
 ending a session, a crash, and stopping the daemon each leave none of those grandchildren alive (bounded
 waits), while another session's grandchild lives on; the daemon reaps what it adopted; and it still
-answers ``/healthz``.
+answers ``/healthz``. The connector runs unsandboxed here (``"sidecarSandbox": false``), as where there is
+no sandbox: in one, its PID namespace holds the tree instead (``test_sandboxed_orphans.py``).
 """
 
 from __future__ import annotations
@@ -85,7 +86,10 @@ async def _open(home: Path, workspace: Path, tmp_path: Path, *args: str) -> Fork
     daemon = Daemon(process.paths, runtime["url"], runtime["port"], runtime["control_token"], workspace)
     pid_dir = tmp_path / "grandchildren"
     pid_dir.mkdir()
-    write_user_servers(daemon, {CONNECTOR: python_server(FIXTURES / "quick_forker.py", str(pid_dir), *args)})
+    # Unsandboxed (an entry opted out, or no sandbox here): the subreaper is what holds its tree. A sandboxed
+    # one's tree is its PID namespace (test_sandboxed_orphans.py).
+    entry = {**python_server(FIXTURES / "quick_forker.py", str(pid_dir), *args), "sidecarSandbox": False}
+    write_user_servers(daemon, {CONNECTOR: entry})
     return Forking(process, daemon, pid_dir)
 
 

@@ -88,7 +88,10 @@ async def test_a_crash_disconnects_that_session_and_a_crash_loop_puts_it_in_erro
     daemon: Daemon, home: Path, tmp_path: Path
 ) -> None:
     marker = tmp_path / "crash-from-now-on"
-    write_user_servers(daemon, {"loopy": python_server(FIXTURES / "crash_later.py", env={"CRASH_MARKER": str(marker)})})
+    write_user_servers(
+        daemon,
+        {"loopy": python_server(FIXTURES / "crash_later.py", env={"CRASH_MARKER": str(marker)}, writes=marker.parent)},
+    )
     await trust(daemon, "loopy")
     session = await daemon.new_session(mode="bypass", allow=["*"])
     async with mcp_client(session) as client:
@@ -138,7 +141,7 @@ async def test_a_connector_that_would_not_start_stays_in_error_with_its_reason_u
 ) -> None:
     broken = tmp_path / "broken"
     broken.write_text("")
-    dying = python_server(FIXTURES / "dying.py", env={"DIE_WHILE": str(broken)})
+    dying = python_server(FIXTURES / "dying.py", env={"DIE_WHILE": str(broken)}, writes=broken.parent)
     write_user_servers(daemon, {"dying": dying})
     trusted = await daemon.control("POST", "/control/connectors/dying/trust")
     assert trusted["state"] == "error" and "exited with code 7" in trusted["error"]

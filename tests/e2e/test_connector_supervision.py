@@ -17,6 +17,7 @@ from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, running_daemon
 from tests.helpers import (
     FIXTURES,
+    host_pid,
     python_server,
     rest,
     tool_text,
@@ -36,8 +37,8 @@ async def strict(home: Path, workspace: Path) -> AsyncIterator[Daemon]:
         yield d
 
 
-def _fixture(name: str, **env: str) -> dict[str, Any]:
-    return python_server(FIXTURES / name, env=env)
+def _fixture(name: str, writes: Path | None = None, **env: str) -> dict[str, Any]:
+    return python_server(FIXTURES / name, env=env, writes=writes)
 
 
 async def _echo_still_works(daemon: Daemon) -> None:
@@ -63,7 +64,8 @@ async def test_a_connector_that_hangs_or_floods_is_an_error_and_nothing_else_suf
 async def test_a_crash_loop_ends_in_error_with_the_reason(strict: Daemon, tmp_path: Path) -> None:
     marker = tmp_path / "crash-from-now-on"
     write_user_servers(
-        strict, {"loopy": _fixture("crash_later.py", CRASH_MARKER=str(marker)), "echo": _fixture("echo_server.py")}
+        strict,
+        {"loopy": _fixture("crash_later.py", tmp_path, CRASH_MARKER=str(marker)), "echo": _fixture("echo_server.py")},
     )
     await trust(strict, "loopy")
     session = await strict.new_session(mode="bypass", allow=["*"])
@@ -102,11 +104,12 @@ async def test_a_connector_that_forks_into_the_background_leaves_nothing_behind(
     await trust(strict, "forker")
     session = await strict.new_session(mode="bypass", allow=["mcp__forker__*"])
     async with mcp_client(session) as client:
-        pids = json.loads(tool_text(await client.call_tool("mcp__forker__orphan", {})))
+        found = json.loads(tool_text(await client.call_tool("mcp__forker__orphan", {})))
         assert len(_sleepers(started)) >= 2  # its same-group child and its setsid escapee
+        pids = [host_pid(found[name], found["pidns"]) for name in ("intermediate", "escapee")]
     await strict.control("DELETE", f"/control/sessions/{session['session_id']}")
     await wait_until(
-        lambda: not _sleepers(started) and not any(psutil.pid_exists(p) for p in pids.values()),
+        lambda: not _sleepers(started) and not any(psutil.pid_exists(p) for p in pids),
         timeout=BOUND,
         interval=0.1,
     )

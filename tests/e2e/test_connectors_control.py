@@ -238,7 +238,8 @@ async def test_show_lists_a_user_servers_tools_with_their_risk_and_says_while_it
         f"sys.path.insert(0, {str(ECHO_SERVER.parent)!r})\n"
         f"runpy.run_path({str(ECHO_SERVER)!r}, run_name='__main__')\n"
     )
-    write_user_servers(daemon, {"echo": {"command": sys.executable, "args": ["-c", script]}})
+    sees = {"readPaths": [str(tmp_path), str(ECHO_SERVER.parent)]}  # what its sandbox must show it
+    write_user_servers(daemon, {"echo": {"command": sys.executable, "args": ["-c", script], "sidecarSandbox": sees}})
     before = await cli_output(home, "connectors", "show", "echo")
     assert "tools        learned when it is trusted" in before
     trusting = asyncio.create_task(daemon.control("POST", "/control/connectors/echo/trust"))

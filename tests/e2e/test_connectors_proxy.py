@@ -146,7 +146,7 @@ async def test_an_edited_config_withdraws_trust_and_tools(daemon: Daemon) -> Non
 async def test_a_tool_that_changes_after_trust_is_withheld_until_trusted_again(daemon: Daemon, tmp_path: Path) -> None:
     drift_file = tmp_path / "description.txt"
     drift_file.write_text("Fetch a URL.")
-    drifty = python_server(FIXTURES / "drifting_server.py", env={"DRIFT_FILE": str(drift_file)})
+    drifty = python_server(FIXTURES / "drifting_server.py", env={"DRIFT_FILE": str(drift_file)}, writes=tmp_path)
     write_user_servers(daemon, {"drifty": drifty})
     await trust(daemon, "drifty")
 
@@ -227,7 +227,7 @@ async def test_a_trusted_connector_has_its_own_route_that_dies_with_its_trust(da
 
 async def _sleeper(daemon: Daemon, tmp_path: Path, route: str) -> tuple[dict[str, Any], str, Path]:
     """The echo connector trusted, and a session calling it on ``route``: (session, the sleeping tool, its log)."""
-    await trust_user_server(daemon, "echo", ECHO_SERVER)
+    await trust_user_server(daemon, "echo", ECHO_SERVER, writes=tmp_path)
     grant = {"connector": "echo"} if route == "relayed" else {"allow": ["mcp__echo__*"]}
     session = await daemon.new_session(mode="bypass", **grant)
     tool = "sleep_logged" if route == "relayed" else "mcp__echo__sleep_logged"

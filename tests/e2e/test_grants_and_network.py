@@ -45,7 +45,12 @@ QUERIES: Final = ("tide harbour measure", "quokka", "zephyr", "echo text unchang
 def _quokka(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     description = tmp_path / "quokka-description.txt"
     description.write_text(HIDDEN)
-    return {**python_server(FIXTURES / "drifting_server.py", env={"DRIFT_FILE": str(description)}), **extra}
+    return {
+        **python_server(
+            FIXTURES / "drifting_server.py", env={"DRIFT_FILE": str(description)}, writes=description.parent
+        ),
+        **extra,
+    }
 
 
 def _messages(exc: BaseException) -> str:

@@ -26,7 +26,7 @@ from aiohttp import web
 from sidecar.paths import Paths
 from tests.conftest import Daemon, mcp_client, raw_request, running_daemon
 from tests.e2e.test_oauth_broker import browse
-from tests.helpers import tool_text, wait_until
+from tests.helpers import child_pids, tool_text, wait_until
 from tests.oauth.real_as import IssuerLog, authorization_server, free_port
 from tests.oauth.upstream_api import Upstream
 
@@ -161,11 +161,12 @@ async def fetch(session: dict[str, Any], path: str) -> str:
 
 
 def _connector_pids() -> list[int]:
+    """The connector's own processes (not the ``bwrap`` ones around each: ``helpers.sandboxes``)."""
     found = []
-    for child in psutil.Process().children(recursive=True):
+    for pid in child_pids():
         with contextlib.suppress(psutil.Error):
-            if any(arg.endswith("/up/server.py") for arg in child.cmdline()):
-                found.append(child.pid)
+            if any(arg.endswith("/up/server.py") for arg in psutil.Process(pid).cmdline()):
+                found.append(pid)
     return found
 
 

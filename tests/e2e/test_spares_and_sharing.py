@@ -30,6 +30,7 @@ from tests.conftest import Daemon, mcp_client, running_daemon
 from tests.helpers import (
     FIXTURES,
     child_pids,
+    host_pid,
     python_server,
     tool_text,
     trust,
@@ -49,7 +50,7 @@ def _own_home(home: Path) -> Path:
 
 
 def _entry(cwd: Path, **extra: Any) -> dict[str, Any]:
-    return {**python_server(PID_SERVER), "cwd": str(cwd), **extra}
+    return {**python_server(PID_SERVER, writes=cwd), "cwd": str(cwd), **extra}
 
 
 @contextlib.asynccontextmanager
@@ -79,7 +80,7 @@ async def _whoami(session: dict[str, Any], say: str, connector: str = "pid") -> 
     assert not result.is_error, tool_text(result)
     answer = json.loads(tool_text(result))
     assert answer["say"] == say
-    return int(answer["pid"])
+    return host_pid(answer["pid"], answer["pidns"])
 
 
 def _gone(pid: int) -> bool:
@@ -218,7 +219,8 @@ async def test_one_shared_process_serves_three_sessions_each_seeing_only_its_own
                 seen.append(message)
 
             async with mcp_client(sessions[n]) as client:
-                pid = json.loads(tool_text(await client.call_tool("mcp__pid__whoami", {"say": f"s{n}"})))["pid"]
+                answer = json.loads(tool_text(await client.call_tool("mcp__pid__whoami", {"say": f"s{n}"})))
+                pid = host_pid(answer["pid"], answer["pidns"])
                 ticked = await client.call_tool(
                     "mcp__pid__tick", {"label": f"s{n}", "steps": 5}, progress_callback=progress
                 )
