@@ -7,6 +7,7 @@ exactly as a user would, trusted through the control API, and used through ``/mc
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 from pathlib import Path
@@ -14,20 +15,26 @@ from pathlib import Path
 import pytest
 from mcp import types
 
+from sidecar.connectors.stdio.sandbox import detect
 from tests.conftest import Daemon, mcp_client
 from tests.helpers import tool_text, trust, write_user_servers
 
-EVERYTHING = Path(__file__).resolve().parents[1] / "third_party" / "node_modules" / "@modelcontextprotocol"
-EVERYTHING_MAIN = EVERYTHING / "server-everything" / "dist" / "index.js"
+THIRD_PARTY = Path(__file__).resolve().parents[1] / "third_party"
+EVERYTHING_BIN = THIRD_PARTY / "node_modules" / ".bin" / "mcp-server-everything"
 
 
 def _servers() -> dict[str, dict[str, object]]:
-    node = shutil.which("node")
-    if node is None or not EVERYTHING_MAIN.exists():
-        pytest.fail("node and tests/third_party/node_modules are required: run scripts/test, which installs them")
+    if shutil.which("npx") is None or not EVERYTHING_BIN.exists():
+        pytest.fail("npx and tests/third_party/node_modules are required: run scripts/test, which installs them")
     return {
         "time": {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]},
-        "everything": {"command": node, "args": [str(EVERYTHING_MAIN), "stdio"]},
+        # As a project that installed it runs it: npx from the project's directory (its own cwd, shown
+        # read-only in its sandbox; npx's cache in its private home).
+        "everything": {
+            "command": "npx",
+            "args": ["--no-install", "mcp-server-everything", "stdio"],
+            "cwd": str(THIRD_PARTY),
+        },
     }
 
 
@@ -36,6 +43,7 @@ async def _configure_and_trust(daemon: Daemon) -> None:
     for connector in ("time", "everything"):
         shown = await trust(daemon, connector)
         assert shown["error"] is None, shown
+        assert shown["sandbox"]["mode"] == ("on" if detect().available else "none"), shown
 
 
 async def test_registry_servers_are_trusted_listed_and_called_through_mcp(daemon: Daemon) -> None:
@@ -126,3 +134,23 @@ async def test_progress_from_a_connector_reaches_the_client(daemon: Daemon) -> N
         )
     assert not result.is_error
     assert [p for p, _ in seen] == [1, 2, 3] and all(t == 3 for _, t in seen)
+
+
+UVX = Path(sys.executable).parent / "uvx"
+
+
+async def test_a_uvx_started_server_runs_sandboxed_with_its_cache_in_its_own_home(daemon: Daemon) -> None:
+    """As its README says to run it: ``uvx`` fetches it from PyPI into the connector's private home (the
+    sandbox gives it the network it needs) and runs it; the cache stays for the next start."""
+    assert UVX.exists(), "uv is a test extra: scripts/test installs it"
+    # The system's certificates (a network that inspects TLS has its own CA there; uv's own list lacks it).
+    entry = {"command": str(UVX), "args": ["mcp-server-time==2026.10.19"], "env": {"UV_NATIVE_TLS": "1"}}
+    write_user_servers(daemon, {"clock": entry})
+    async with asyncio.timeout(180):  # a first start downloads
+        shown = await trust(daemon, "clock")
+    assert shown["error"] is None and shown["sandbox"]["mode"] == "on", shown
+    session = await daemon.new_session(mode="bypass", allow=["mcp__clock__*"])
+    async with mcp_client(session) as client:
+        now = await client.call_tool("mcp__clock__get_current_time", {"timezone": "Asia/Tokyo"})
+    assert not now.is_error and "Asia/Tokyo" in tool_text(now)
+    assert any((daemon.paths.data / "homes" / "clock").rglob("mcp_server_time*"))  # its cache, in its home
