@@ -64,6 +64,14 @@ def test_an_entry_declares_its_workspace_and_paths_and_the_key_pins_them(tmp_pat
     assert canonical_launch(again["tool"]) != canonical_launch(specs["tool"])  # more access needs trust again
 
 
+def test_required_alone_is_the_defaults_and_no_start_without_a_sandbox(tmp_path: Path) -> None:
+    specs, problems = _user(tmp_path, strict={**ENTRY, "sidecarSandbox": "required"})
+    assert problems == [] and specs["strict"].sandbox == Confinement(required=True)
+    assert _package(tmp_path, sandbox="required").sandbox == Confinement(required=True)
+    _, refused = _user(tmp_path, loose={**ENTRY, "sidecarSandbox": "optional"})
+    assert len(refused) == 1 and "sidecarSandbox" in refused[0]
+
+
 def test_only_your_own_mcp_json_may_opt_an_entry_out(tmp_path: Path) -> None:
     specs, problems = _user(tmp_path, free={**ENTRY, "sidecarSandbox": False})
     assert problems == [] and specs["free"].sandbox == Confinement(enabled=False)

@@ -105,6 +105,12 @@ class SandboxFile(_Model):
     required: bool = False
     """``true``: where there is no sandbox (no bubblewrap, no user namespaces, not Linux) it does not start."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _required_shorthand(cls, value: object) -> object:
+        """``"required"`` is short for ``{"required": true}``: the defaults, and no start unsandboxed."""
+        return {"required": True} if value == "required" else value
+
 
 _NO_WORKSPACE_WHEN_SHARED: Final = (
     "a shared process serves every session, so its sandbox cannot show one session's workspace"
@@ -133,7 +139,8 @@ class _Entry(_Model):
     """Tool name → risk tier, as a package's ``connector.json`` has it (unlisted tools are MEDIUM); part of
     the trust key. A package declares this in ``connector.json``."""
     sidecar_sandbox: SandboxFile | Literal[False] | None = Field(default=None, alias="sidecarSandbox")
-    """What the server's sandbox shows it (``{"workspace", "readPaths", "writePaths", "required"}``), or,
+    """What the server's sandbox shows it (``{"workspace", "readPaths", "writePaths", "required"}``, or
+    ``"required"`` alone), or,
     in your own ``mcp.json`` only, ``false``: it runs unsandboxed, shown so everywhere. A package declares
     this in ``connector.json`` (``sandbox``)."""
 
