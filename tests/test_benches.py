@@ -26,3 +26,10 @@ def test_bench_ab_runs_a_round_of_a_connector_route(route: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"server CPU ms per call, {route}" in done.stdout
     assert any(line.startswith("normal ") and "x1.000" in line for line in done.stdout.splitlines()), done.stdout
+
+
+def test_bench_sandbox_runs_a_round_of_both_kinds_of_spawn() -> None:
+    argv = [sys.executable, "scripts/bench_sandbox.py", "--rounds", "1", "--warm", "2"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=BOUND, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cold spawn + first call p50: boxed" in done.stdout and "warm call p50" in done.stdout, done.stdout
