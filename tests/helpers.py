@@ -171,11 +171,18 @@ def python_server(
     return entry
 
 
+def write_config(path: Path, content: Any, *, mode: int = 0o600) -> Path:
+    """Write a config file the daemon reads: ``content`` as JSON (a string as it is), its directories made,
+    mode 0600 unless told (the umask must not decide whether a test file is trusted)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    path.chmod(mode)
+    return path
+
+
 def write_user_servers(daemon: Daemon, servers: Mapping[str, Any]) -> None:
     """Make ``servers`` the user's own MCP servers: ``<config>/mcp.json``, mode 0600 as the daemon requires."""
-    path = daemon.paths.config / "mcp.json"
-    path.write_text(json.dumps({"mcpServers": servers}))
-    path.chmod(0o600)
+    write_config(daemon.paths.config / "mcp.json", {"mcpServers": servers})
 
 
 @contextlib.asynccontextmanager

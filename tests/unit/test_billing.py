@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -13,6 +12,7 @@ import pytest
 
 from sidecar.bus import billing
 from sidecar.bus.billing import UNVERIFIABLE, BillingGate, GateVerdict, ManifestSource, load_manifest
+from tests.helpers import write_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,13 +35,6 @@ class Clock:
         self.now += seconds
 
 
-def _write(path: Path, content: Any, *, mode: int = 0o600) -> Path:
-    text = content if isinstance(content, str) else json.dumps(content)
-    path.write_text(text)
-    os.chmod(path, mode)
-    return path
-
-
 def _gate(*sources: ManifestSource, clock: Clock | None = None) -> BillingGate:
     return BillingGate(sources, clock=clock or Clock(), recheck_seconds=1.0)
 
@@ -58,40 +51,40 @@ def _assert_closed(verdict: GateVerdict, path: Path) -> None:
 
 
 def test_a_listed_tool_is_billable_with_its_kind_and_group(tmp_path: Path) -> None:
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
     verdict = _gate(_builtin(path)).check(scope="builtin", tool="gen_image")
     assert verdict == GateVerdict(billable=True, kind="image-generation", group="images", reason=f"listed in {path}")
 
 
 def test_an_unlisted_tool_is_free(tmp_path: Path) -> None:
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
     assert _gate(_builtin(path)).check(scope="builtin", tool="calc") is GateVerdict.FREE
 
 
 def test_a_scope_without_sources_is_free(tmp_path: Path) -> None:
-    path = _write(tmp_path / "m.json", "not json")
+    path = write_config(tmp_path / "m.json", "not json")
     gate = _gate(_builtin(path))
     assert gate.check(scope="connector:github", tool="gen_image") is GateVerdict.FREE
 
 
 def _symlink_to_a_good_file(path: Path) -> None:
-    target = _write(path.parent / "real.json", GOOD)
+    target = write_config(path.parent / "real.json", GOOD)
     path.symlink_to(target)
 
 
 def _someone_elses_file(path: Path) -> None:
     if os.getuid() != 0:
         pytest.skip("a file owned by another user cannot be made without root")
-    _write(path, GOOD)
+    write_config(path, GOOD)
     os.chown(path, 4242, -1)
 
 
 def _text(text: str) -> Callable[[Path], None]:
-    return lambda path: _write(path, text) and None
+    return lambda path: write_config(path, text) and None
 
 
 def _json(value: Any) -> Callable[[Path], None]:
-    return lambda path: _write(path, value) and None
+    return lambda path: write_config(path, value) and None
 
 
 def _entry(**entry: Any) -> Callable[[Path], None]:
@@ -125,8 +118,16 @@ BROKEN: list[tuple[str, Callable[[Path], None], str]] = [
     ("tool name too long", _json({"version": 1, "tools": {"t" * 129: GOOD["tools"]["gen_image"]}}), "tools['ttt"),
     ("NaN", _text('{"version": NaN, "tools": {}}'), "NaN"),
     ("symlink", _symlink_to_a_good_file, "cannot open safely"),
-    ("world-writable (0666)", lambda path: _write(path, GOOD, mode=0o666) and None, "may be written by other users"),
-    ("group-writable (0620)", lambda path: _write(path, GOOD, mode=0o620) and None, "may be written by other users"),
+    (
+        "world-writable (0666)",
+        lambda path: write_config(path, GOOD, mode=0o666) and None,
+        "may be written by other users",
+    ),
+    (
+        "group-writable (0620)",
+        lambda path: write_config(path, GOOD, mode=0o620) and None,
+        "may be written by other users",
+    ),
     ("owned by someone else", _someone_elses_file, "belongs to uid"),
     # files.open_private fails in os.fdopen (IsADirectoryError) before its own S_ISREG check.
     ("directory instead of file", lambda path: path.mkdir(), "not a regular file|Is a directory"),
@@ -156,7 +157,7 @@ def test_an_optional_source_that_is_missing_has_no_entries(tmp_path: Path) -> No
 
 
 def test_an_optional_source_that_is_present_but_broken_fails_closed(tmp_path: Path) -> None:
-    path = _write(tmp_path / "m.json", {"version": 1, "tools": {"gen_image": {"group": "images"}}})
+    path = write_config(tmp_path / "m.json", {"version": 1, "tools": {"gen_image": {"group": "images"}}})
     verdict = _gate(_builtin(path, required=False)).check(scope="builtin", tool="calc")
     _assert_closed(verdict, path)
     assert "tools.gen_image.approvalKind" in verdict.reason
@@ -164,11 +165,11 @@ def test_an_optional_source_that_is_present_but_broken_fails_closed(tmp_path: Pa
 
 def test_fixing_the_file_restores_verdicts_after_the_recheck_interval(tmp_path: Path) -> None:
     clock = Clock()
-    path = _write(tmp_path / "m.json", {"version": 2})
+    path = write_config(tmp_path / "m.json", {"version": 2})
     gate = _gate(_builtin(path), clock=clock)
     _assert_closed(gate.check(scope="builtin", tool="calc"), path)
 
-    _write(path, GOOD)
+    write_config(path, GOOD)
     clock.advance(0.5)
     _assert_closed(gate.check(scope="builtin", tool="calc"), path)  # not re-checked yet
     clock.advance(0.5)
@@ -179,11 +180,11 @@ def test_fixing_the_file_restores_verdicts_after_the_recheck_interval(tmp_path: 
 
 def test_a_good_manifest_that_breaks_fails_closed_instead_of_keeping_the_last_good_copy(tmp_path: Path) -> None:
     clock = Clock()
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
     gate = _gate(_builtin(path), clock=clock)
     assert gate.check(scope="builtin", tool="gen_image").group == "images"
 
-    _write(path, "{")
+    write_config(path, "{")
     clock.advance()
     _assert_closed(gate.check(scope="builtin", tool="gen_image"), path)
     _assert_closed(gate.check(scope="builtin", tool="calc"), path)
@@ -192,7 +193,7 @@ def test_a_good_manifest_that_breaks_fails_closed_instead_of_keeping_the_last_go
 def test_chmod_alone_fixes_a_world_writable_manifest(tmp_path: Path) -> None:
     # chmod changes neither mtime, size nor inode: the gate must still notice.
     clock = Clock()
-    path = _write(tmp_path / "m.json", GOOD, mode=0o666)
+    path = write_config(tmp_path / "m.json", GOOD, mode=0o666)
     gate = _gate(_builtin(path), clock=clock)
     _assert_closed(gate.check(scope="builtin", tool="gen_image"), path)
     os.chmod(path, 0o600)
@@ -202,7 +203,7 @@ def test_chmod_alone_fixes_a_world_writable_manifest(tmp_path: Path) -> None:
 
 def test_an_unchanged_manifest_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
     reads: list[Path] = []
     real = billing.load_manifest
 
@@ -220,7 +221,7 @@ def test_an_unchanged_manifest_is_not_read_again(tmp_path: Path, monkeypatch: py
 
 def test_the_file_is_stat_ed_at_most_once_per_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
     stats: list[Path] = []
     real = billing._stat_key
 
@@ -238,13 +239,13 @@ def test_the_file_is_stat_ed_at_most_once_per_interval(tmp_path: Path, monkeypat
 
 def test_one_warning_per_distinct_problem_not_per_call(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
-    path = _write(tmp_path / "m.json", "{")
+    path = write_config(tmp_path / "m.json", "{")
     gate = _gate(_builtin(path), clock=clock)
     with caplog.at_level(logging.WARNING, logger=billing.__name__):
         for _ in range(5):
             gate.check(scope="builtin", tool="gen_image")
             clock.advance()
-        _write(path, {"version": 2, "tools": {}})
+        write_config(path, {"version": 2, "tools": {}})
         for _ in range(5):
             gate.check(scope="builtin", tool="gen_image")
             clock.advance()
@@ -257,7 +258,7 @@ def test_an_exception_while_parsing_fails_closed_and_never_raises(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = Clock()
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
 
     def boom(p: Path) -> Any:
         raise RuntimeError("secret-ish detail")
@@ -280,7 +281,7 @@ def test_an_exception_while_parsing_fails_closed_and_never_raises(
 def test_an_exception_anywhere_in_the_gate_fails_closed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
     gate = _gate(_builtin(path))
 
     def boom(self: BillingGate, scope: str, tool: str) -> GateVerdict:
@@ -297,7 +298,7 @@ def test_an_exception_anywhere_in_the_gate_fails_closed(
 
 
 def test_an_exception_in_stat_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _write(tmp_path / "m.json", GOOD)
+    path = write_config(tmp_path / "m.json", GOOD)
 
     def boom(p: Path) -> Any:
         raise ValueError("bad")
@@ -308,8 +309,8 @@ def test_an_exception_in_stat_fails_closed(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_two_sources_for_one_scope_are_a_union(tmp_path: Path) -> None:
-    shipped = _write(tmp_path / "shipped.json", GOOD)
-    user = _write(
+    shipped = write_config(tmp_path / "shipped.json", GOOD)
+    user = write_config(
         tmp_path / "user.json", {"version": 1, "tools": {"gen_video": {"approvalKind": "video", "group": "video"}}}
     )
     gate = _gate(_builtin(shipped), _builtin(user, required=False))
@@ -321,13 +322,13 @@ def test_two_sources_for_one_scope_are_a_union(tmp_path: Path) -> None:
 
 def test_one_broken_source_closes_the_whole_scope(tmp_path: Path) -> None:
     clock = Clock()
-    shipped = _write(tmp_path / "shipped.json", GOOD)
-    user = _write(tmp_path / "user.json", {"version": 1, "tools": {}})
+    shipped = write_config(tmp_path / "shipped.json", GOOD)
+    user = write_config(tmp_path / "user.json", {"version": 1, "tools": {}})
     gate = _gate(_builtin(shipped), clock=clock)
     gate.add_source(_builtin(user, required=False))
     assert gate.check(scope="builtin", tool="calc") is GateVerdict.FREE
 
-    _write(user, {"version": 1, "tools": {}, "oops": True})
+    write_config(user, {"version": 1, "tools": {}, "oops": True})
     clock.advance()
     for tool in ("gen_image", "calc"):
         _assert_closed(gate.check(scope="builtin", tool=tool), user)
@@ -335,8 +336,8 @@ def test_one_broken_source_closes_the_whole_scope(tmp_path: Path) -> None:
 
 
 def test_sources_for_other_scopes_do_not_interfere(tmp_path: Path) -> None:
-    builtin = _write(tmp_path / "builtin.json", GOOD)
-    connector = _write(tmp_path / "connector.json", "[")
+    builtin = write_config(tmp_path / "builtin.json", GOOD)
+    connector = write_config(tmp_path / "connector.json", "[")
     gate = _gate(_builtin(builtin), ManifestSource(scope="connector:media", path=connector, required=True))
     assert gate.check(scope="builtin", tool="gen_image").group == "images"
     assert gate.check(scope="builtin", tool="calc") is GateVerdict.FREE
@@ -345,8 +346,8 @@ def test_sources_for_other_scopes_do_not_interfere(tmp_path: Path) -> None:
 
 def test_problems_lists_the_current_problems(tmp_path: Path) -> None:
     clock = Clock()
-    good = _write(tmp_path / "good.json", GOOD)
-    bad = _write(tmp_path / "bad.json", {"version": 1, "tools": {"x": {"approvalKind": "", "group": "g"}}})
+    good = write_config(tmp_path / "good.json", GOOD)
+    bad = write_config(tmp_path / "bad.json", {"version": 1, "tools": {"x": {"approvalKind": "", "group": "g"}}})
     missing = tmp_path / "missing.json"
     gate = _gate(_builtin(good), _builtin(bad), ManifestSource("plugin:p", missing, required=True), clock=clock)
     problems = gate.problems()
@@ -354,8 +355,8 @@ def test_problems_lists_the_current_problems(tmp_path: Path) -> None:
     assert problems[0].startswith(f"{bad}: tools.x.approvalKind:")
     assert problems[1] == f"{missing}: required billing manifest is missing"
 
-    _write(bad, GOOD)
-    _write(missing, GOOD)
+    write_config(bad, GOOD)
+    write_config(missing, GOOD)
     clock.advance()
     assert gate.problems() == []
 

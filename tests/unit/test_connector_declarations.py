@@ -9,8 +9,6 @@ billable gate under its own scope and names.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,30 +22,24 @@ from sidecar.connectors.manifest.sources import ConnectorSpec, load_package, loa
 from sidecar.connectors.manifest.trustkey import canonical_launch, trust_key
 from sidecar.connectors.proxy import Deferral, billing_sources
 from sidecar.errors import ConfigError
+from tests.helpers import write_config
 
 ENTRY: dict[str, Any] = {"command": sys.executable, "args": ["server.py"]}
 CONNECTOR: dict[str, Any] = {"id": "files", "name": "Files", "type": "mcp"}
 PAID = {"version": 1, "tools": {"render": {"approvalKind": "image-generation", "group": "images"}}}
 
 
-def _write(path: Path, content: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content if isinstance(content, str) else json.dumps(content))
-    os.chmod(path, 0o600)
-    return path
-
-
 def _user(tmp_path: Path, servers: dict[str, Any], **top: Any) -> tuple[list[ConnectorSpec], list[str]]:
-    path = _write(tmp_path / "mcp.json", {"mcpServers": servers, **top})
+    path = write_config(tmp_path / "mcp.json", {"mcpServers": servers, **top})
     specs, problems = load_user_servers(path)
     return specs, [p.message for p in problems]
 
 
 def _package(tmp_path: Path, connector: dict[str, Any], entry: dict[str, Any]) -> Path:
     directory = tmp_path / "files"
-    _write(directory / "connector.json", connector)
-    _write(directory / "mcp.json", {"mcpServers": {"files": entry}})
-    _write(directory / "server.py", "")
+    write_config(directory / "connector.json", connector)
+    write_config(directory / "mcp.json", {"mcpServers": {"files": entry}})
+    write_config(directory / "server.py", "")
     return directory
 
 
@@ -98,12 +90,12 @@ def test_defer_loading_is_honoured_on_an_entry_or_a_whole_file(tmp_path: Path) -
 
 def test_a_plugins_mcp_json_may_declare_defer_loading(tmp_path: Path) -> None:
     plugin = tmp_path / "studio"
-    _write(plugin / ".mcp.json", {"mcpServers": {"render": {**ENTRY, "defer_loading": ["upscale"]}}})
-    _write(plugin / "high-credit-tools.json", PAID)
+    write_config(plugin / ".mcp.json", {"mcpServers": {"render": {**ENTRY, "defer_loading": ["upscale"]}}})
+    write_config(plugin / "high-credit-tools.json", PAID)
     [spec], problems = load_plugin(plugin)
     assert problems == []
     assert (spec.id, spec.defer_loading) == ("studio-render", frozenset({"upscale"}))
-    _write(plugin / ".mcp.json", {"mcpServers": {"render": ENTRY}, "defer_loading": False})
+    write_config(plugin / ".mcp.json", {"mcpServers": {"render": ENTRY}, "defer_loading": False})
     [spec], problems = load_plugin(plugin)
     assert problems == [] and spec.defer_loading is False
 
@@ -143,8 +135,8 @@ def test_which_connector_tools_are_deferred(
 
 def test_a_connectors_manifest_covers_its_own_scope_by_its_own_names(tmp_path: Path) -> None:
     plugin = tmp_path / "studio"
-    _write(plugin / ".mcp.json", {"mcpServers": {"render": ENTRY}})
-    manifest = _write(plugin / "high-credit-tools.json", PAID)
+    write_config(plugin / ".mcp.json", {"mcpServers": {"render": ENTRY}})
+    manifest = write_config(plugin / "high-credit-tools.json", PAID)
     [spec], _ = load_plugin(plugin)
     [source] = billing_sources(spec)
     assert source.scope == "connector:studio-render"

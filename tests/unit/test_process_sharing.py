@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import os
 import re
 import sys
 import weakref
@@ -25,27 +23,21 @@ from sidecar.connectors.manifest.spec import SESSION_PLACEHOLDERS, session_depen
 from sidecar.connectors.manifest.trustkey import canonical_launch, trust_key
 from sidecar.connectors.sharing.shared import SessionView
 from sidecar.errors import ConfigError, ToolError
+from tests.helpers import write_config
 
 FREE: dict[str, Any] = {"command": sys.executable, "args": ["server.py"], "cwd": "/srv/tools"}
 CONNECTOR: dict[str, Any] = {"id": "files", "name": "Files", "type": "mcp"}
 
 
-def _write(path: Path, content: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(content))
-    os.chmod(path, 0o600)
-    return path
-
-
 def _user(tmp_path: Path, servers: dict[str, Any]) -> tuple[dict[str, ConnectorSpec], list[str]]:
-    specs, problems = load_user_servers(_write(tmp_path / "mcp.json", {"mcpServers": servers}))
+    specs, problems = load_user_servers(write_config(tmp_path / "mcp.json", {"mcpServers": servers}))
     return {s.id: s for s in specs}, [p.message for p in problems]
 
 
 def _package(tmp_path: Path, connector: dict[str, Any], entry: dict[str, Any]) -> Path:
     directory = tmp_path / "files"
-    _write(directory / "connector.json", connector)
-    _write(directory / "mcp.json", {"mcpServers": {"files": entry}})
+    write_config(directory / "connector.json", connector)
+    write_config(directory / "mcp.json", {"mcpServers": {"files": entry}})
     (directory / "server.py").write_text("")
     return directory
 

@@ -4,7 +4,6 @@ the trust key that pins it. ``connector.json`` ``"sandbox"``; an entry's ``"side
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,27 +14,21 @@ from sidecar.connectors.manifest.sources import ConnectorSpec, load_package, loa
 from sidecar.connectors.manifest.spec import Confinement
 from sidecar.connectors.manifest.trustkey import canonical_launch
 from sidecar.errors import ConfigError
+from tests.helpers import write_config
 
 ENTRY: dict[str, Any] = {"command": sys.executable, "args": ["server.py"], "cwd": "/srv/tool"}
 CONNECTOR: dict[str, Any] = {"id": "files", "name": "Files", "type": "mcp"}
 
 
-def _write(path: Path, content: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(content))
-    os.chmod(path, 0o600)
-    return path
-
-
 def _user(tmp_path: Path, **entries: Any) -> tuple[dict[str, ConnectorSpec], list[str]]:
-    specs, problems = load_user_servers(_write(tmp_path / "mcp.json", {"mcpServers": entries}))
+    specs, problems = load_user_servers(write_config(tmp_path / "mcp.json", {"mcpServers": entries}))
     return {s.id: s for s in specs}, [p.message for p in problems]
 
 
 def _package(tmp_path: Path, **connector: Any) -> ConnectorSpec:
     directory = tmp_path / "files"
-    _write(directory / "connector.json", {**CONNECTOR, **connector})
-    _write(directory / "mcp.json", {"mcpServers": {"files": ENTRY}})
+    write_config(directory / "connector.json", {**CONNECTOR, **connector})
+    write_config(directory / "mcp.json", {"mcpServers": {"files": ENTRY}})
     return load_package(directory)
 
 
@@ -77,7 +70,7 @@ def test_only_your_own_mcp_json_may_opt_an_entry_out(tmp_path: Path) -> None:
     assert problems == [] and specs["free"].sandbox == Confinement(enabled=False)
     assert json.loads(canonical_launch(specs["free"]))["sandbox"] == {"enabled": False}
     plugin = tmp_path / "studio"
-    _write(plugin / ".mcp.json", {"mcpServers": {"render": {**ENTRY, "sidecarSandbox": False}}})
+    write_config(plugin / ".mcp.json", {"mcpServers": {"render": {**ENTRY, "sidecarSandbox": False}}})
     specs_of_plugin, plugin_problems = load_plugin(plugin)
     assert specs_of_plugin == []
     assert "only your own mcp.json may run a server unsandboxed" in plugin_problems[0].message
@@ -122,6 +115,6 @@ def test_a_package_declares_in_connector_json_and_cannot_opt_out(tmp_path: Path)
         _package(tmp_path, sandbox=False)
 
 
-def test_the_shipped_workspace_connector_declares_read_write() -> None:
+def test_the_shipped_workspace_connector_declares_readwrite_config() -> None:
     spec = load_package(Path(__file__).resolve().parents[2] / "connectors" / "workspace")
     assert spec.sandbox == Confinement(workspace="read-write") and spec.network is False

@@ -25,6 +25,7 @@ from sidecar.connectors.manifest.sources import (
 )
 from sidecar.connectors.manifest.trustkey import canonical_launch, package_digest, trust_key
 from sidecar.errors import ConfigError
+from tests.helpers import write_config
 
 CONNECTOR: dict[str, Any] = {"id": "workspace", "name": "Workspace", "type": "mcp", "tools": {"r": {"risk": "LOW"}}}
 LAUNCH: dict[str, Any] = {
@@ -38,20 +39,13 @@ LAUNCH: dict[str, Any] = {
 }
 
 
-def _write(path: Path, content: Any, *, mode: int = 0o600) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content if isinstance(content, str) else json.dumps(content))
-    os.chmod(path, mode)
-    return path
-
-
 @pytest.fixture
 def package(tmp_path: Path) -> Path:
     root = tmp_path / "connectors" / "workspace"
-    _write(root / "connector.json", CONNECTOR)
-    _write(root / "mcp.json", LAUNCH)
-    _write(root / "server.py", "print('serving')\n")
-    _write(root / "lib" / "helpers.py", "X = 1\n")
+    write_config(root / "connector.json", CONNECTOR)
+    write_config(root / "mcp.json", LAUNCH)
+    write_config(root / "server.py", "print('serving')\n")
+    write_config(root / "lib" / "helpers.py", "X = 1\n")
     return root
 
 
@@ -165,7 +159,7 @@ def test_the_pre_registered_oauth_client_is_part_of_the_key_but_a_server_without
     ]
     keys = []
     for oauth in variants:
-        _write(path, {"mcpServers": {"r": {**remote, **({"oauth": oauth} if oauth else {})}}})
+        write_config(path, {"mcpServers": {"r": {**remote, **({"oauth": oauth} if oauth else {})}}})
         (spec,), problems = load_user_servers(path)
         assert problems == []
         keys.append(trust_key(spec))
@@ -185,7 +179,7 @@ def test_an_ld_preload_swapped_in_the_file_is_another_config(tmp_path: Path) -> 
     path = tmp_path / "mcp.json"
     keys = []
     for library in ("/tmp/other.so", "/tmp/third.so"):
-        _write(path, {"mcpServers": {"s": {"command": "x", "env": {"LD_PRELOAD": library}}}})
+        write_config(path, {"mcpServers": {"s": {"command": "x", "env": {"LD_PRELOAD": library}}}})
         (spec,), _ = load_user_servers(path)
         keys.append(trust_key(spec))
         assert library.encode() not in canonical_launch(spec)  # hashed, never kept in clear
@@ -196,7 +190,7 @@ def test_an_env_placeholder_counts_as_written_not_as_it_expands(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "mcp.json"
-    _write(path, {"mcpServers": {"s": {"command": "x", "env": {"URL": "${SIDECAR_LOCAL_MCP_ORIGIN}"}}}})
+    write_config(path, {"mcpServers": {"s": {"command": "x", "env": {"URL": "${SIDECAR_LOCAL_MCP_ORIGIN}"}}}})
     (spec,), _ = load_user_servers(path)
     before = trust_key(spec)
     monkeypatch.setenv("SIDECAR_LOCAL_MCP_ORIGIN", "http://127.0.0.1:1")
@@ -214,8 +208,10 @@ def test_the_id_is_part_of_the_key(package: Path) -> None:
 
 
 def test_key_order_and_whitespace_in_mcp_json_do_not_matter(tmp_path: Path) -> None:
-    a = _write(tmp_path / "a.json", '{"mcpServers":{"s":{"command":"x","args":["1","2"],"env":{"A":"1","B":"2"}}}}')
-    b = _write(
+    a = write_config(
+        tmp_path / "a.json", '{"mcpServers":{"s":{"command":"x","args":["1","2"],"env":{"A":"1","B":"2"}}}}'
+    )
+    b = write_config(
         tmp_path / "b.json",
         '{\n "mcpServers": {\n  "s": {"env": {"B": "2", "A": "1"}, "args": ["1", "2"], "command": "x"}\n }\n}\n',
     )
@@ -226,7 +222,7 @@ def test_key_order_and_whitespace_in_mcp_json_do_not_matter(tmp_path: Path) -> N
 
 
 def test_a_user_server_key_covers_the_launch_config_alone(tmp_path: Path) -> None:
-    path = _write(tmp_path / "mcp.json", {"mcpServers": {"s": {"command": "x"}}})
+    path = write_config(tmp_path / "mcp.json", {"mcpServers": {"s": {"command": "x"}}})
     (spec,), _ = load_user_servers(path)
     assert trust_key(spec) == "s::" + hashlib.sha256(canonical_launch(spec)).hexdigest()
 
@@ -234,10 +230,10 @@ def test_a_user_server_key_covers_the_launch_config_alone(tmp_path: Path) -> Non
 # --------------------------------------------------------------------------------------------- package content
 
 PACKAGE_EDITS: list[tuple[str, Callable[[Path], object]]] = [
-    ("file content", lambda r: _write(r / "server.py", "print('pwned')\n")),
-    ("one byte in a nested file", lambda r: _write(r / "lib" / "helpers.py", "X = 2\n")),
-    ("a new file", lambda r: _write(r / "lib" / "extra.py", "")),
-    ("a new hidden file", lambda r: _write(r / ".env", "A=1\n")),
+    ("file content", lambda r: write_config(r / "server.py", "print('pwned')\n")),
+    ("one byte in a nested file", lambda r: write_config(r / "lib" / "helpers.py", "X = 2\n")),
+    ("a new file", lambda r: write_config(r / "lib" / "extra.py", "")),
+    ("a new hidden file", lambda r: write_config(r / ".env", "A=1\n")),
     ("a deleted file", lambda r: os.unlink(r / "lib" / "helpers.py")),
     ("a renamed file", lambda r: os.rename(r / "lib" / "helpers.py", r / "lib" / "helper.py")),
     ("a file moved between directories", lambda r: os.rename(r / "lib" / "helpers.py", r / "helpers.py")),
@@ -245,7 +241,7 @@ PACKAGE_EDITS: list[tuple[str, Callable[[Path], object]]] = [
     ("a new symlink", lambda r: os.symlink("/usr/bin/python3", r / "python")),
     (
         "a tool risk in connector.json",
-        lambda r: _write(r / "connector.json", {**CONNECTOR, "tools": {"r": {"risk": "HIGH"}}}),
+        lambda r: write_config(r / "connector.json", {**CONNECTOR, "tools": {"r": {"risk": "HIGH"}}}),
     ),
 ]
 
@@ -258,10 +254,10 @@ def test_editing_any_package_file_changes_the_key(package: Path, edit: Callable[
 
 
 def test_retargeting_a_symlink_changes_the_digest_and_it_is_never_followed(package: Path, tmp_path: Path) -> None:
-    outside = _write(tmp_path / "outside.py", "A = 1\n")
+    outside = write_config(tmp_path / "outside.py", "A = 1\n")
     os.symlink(outside, package / "linked.py")
     before = package_digest(package)
-    _write(outside, "A = 2\n")  # the link text is hashed, not what it points to
+    write_config(outside, "A = 2\n")  # the link text is hashed, not what it points to
     assert package_digest(package) == before
     os.unlink(package / "linked.py")
     os.symlink(tmp_path / "elsewhere.py", package / "linked.py")
@@ -270,21 +266,21 @@ def test_retargeting_a_symlink_changes_the_digest_and_it_is_never_followed(packa
 
 def test_caches_vcs_and_node_modules_do_not_count(package: Path) -> None:
     before = package_digest(package)
-    _write(package / "__pycache__" / "server.cpython-311.pyc", "cache")
-    _write(package / "lib" / "helpers.cpython-311.pyc", "cache")
-    _write(package / ".git" / "HEAD", "ref: refs/heads/main\n")
-    _write(package / "node_modules" / "left-pad" / "index.js", "module.exports = 1\n")
+    write_config(package / "__pycache__" / "server.cpython-311.pyc", "cache")
+    write_config(package / "lib" / "helpers.cpython-311.pyc", "cache")
+    write_config(package / ".git" / "HEAD", "ref: refs/heads/main\n")
+    write_config(package / "node_modules" / "left-pad" / "index.js", "module.exports = 1\n")
     (package / "empty-dir").mkdir()
     assert package_digest(package) == before
 
 
 def test_a_plugin_key_covers_its_directory(tmp_path: Path) -> None:
     plugin = tmp_path / "plugins" / "notes"
-    _write(plugin / ".mcp.json", {"mcpServers": {"store": {"command": "${SIDECAR_CONNECTOR_ROOT}/store"}}})
-    _write(plugin / "store", "#!/bin/sh\n", mode=0o700)
+    write_config(plugin / ".mcp.json", {"mcpServers": {"store": {"command": "${SIDECAR_CONNECTOR_ROOT}/store"}}})
+    write_config(plugin / "store", "#!/bin/sh\n", mode=0o700)
     (spec,), _ = load_plugin(plugin)
     before = trust_key(spec)
-    _write(plugin / "store", "#!/bin/sh\necho changed\n", mode=0o700)
+    write_config(plugin / "store", "#!/bin/sh\necho changed\n", mode=0o700)
     assert trust_key(spec) != before
 
 
@@ -310,7 +306,7 @@ def test_the_same_package_in_another_directory_has_the_same_key(package: Path, t
     copy = tmp_path / "elsewhere" / "workspace"
     for path in sorted(package.rglob("*")):
         if path.is_file():
-            _write(copy / path.relative_to(package), path.read_text(), mode=path.stat().st_mode & 0o777)
+            write_config(copy / path.relative_to(package), path.read_text(), mode=path.stat().st_mode & 0o777)
     assert trust_key(load_package(copy)) == trust_key(load_package(package))
 
 
@@ -320,14 +316,14 @@ def test_the_same_package_in_another_directory_has_the_same_key(package: Path, t
 def test_a_package_with_too_many_files_is_refused(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trustkey, "MAX_PACKAGE_FILES", 5)
     for i in range(3):
-        _write(package / "many" / f"f{i}.txt", "")
+        write_config(package / "many" / f"f{i}.txt", "")
     with pytest.raises(ConfigError, match="more than 5 files"):
         package_digest(package)
 
 
 def test_a_package_too_large_is_refused(package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(trustkey, "MAX_PACKAGE_BYTES", 4096)
-    _write(package / "blob.bin", "x" * 5000)
+    write_config(package / "blob.bin", "x" * 5000)
     with pytest.raises(ConfigError, match="larger than 4096 bytes"):
         package_digest(package)
 
@@ -348,7 +344,7 @@ def test_a_user_entrys_tool_risks_are_declared_and_part_of_its_key(tmp_path: Pat
     keys = []
     for risks in (None, {"read": {"risk": "LOW"}}, {"read": {"risk": "MEDIUM"}}):
         entry: dict[str, object] = {"command": "x", **({"tools": risks} if risks else {})}
-        _write(path, {"mcpServers": {"s": entry}})
+        write_config(path, {"mcpServers": {"s": entry}})
         (spec,), problems = load_user_servers(path)
         assert problems == []
         keys.append(trust_key(spec))
@@ -361,7 +357,7 @@ def test_a_user_entrys_billable_tools_are_part_of_its_key(tmp_path: Path) -> Non
     keys = []
     for billable in (None, {"approvalKind": "credits", "group": "api"}, {"approvalKind": "credits", "group": "x"}):
         tier: dict[str, object] = {"risk": "MEDIUM", **({"billable": billable} if billable else {})}
-        _write(path, {"mcpServers": {"s": {"command": "x", "tools": {"search": tier}}}})
+        write_config(path, {"mcpServers": {"s": {"command": "x", "tools": {"search": tier}}}})
         (spec,), problems = load_user_servers(path)
         assert problems == []
         keys.append(trust_key(spec))
