@@ -64,4 +64,6 @@ def sandbox_text(sandbox: dict[str, Any]) -> str:
     shown += [f"reads {', '.join(sandbox['read_paths'])}"] if sandbox["read_paths"] else []
     shown += [f"writes {', '.join(sandbox['write_paths'])}"] if sandbox["write_paths"] else []
     shown.append("the network" if sandbox["network"] else "no network")
+    if sandbox.get("abstract_sockets") == "reachable":
+        shown.append("and the host's abstract sockets (an X11 display, a D-Bus bus): this kernel cannot scope them")
     return f"on: the system read-only, its own files, /tmp and its home ({sandbox['home']}); " + "; ".join(shown)

@@ -44,6 +44,8 @@ async def test_without_a_sandbox_the_daemon_says_so_everywhere_and_a_connector_r
     assert status["sandbox"] == {
         "available": False,
         "reason": f"bubblewrap ({MISSING}) is not installed: connectors run unconfined",
+        "abstract_sockets_scoped": False,
+        "keyrings_refused": False,
     }
     assert "sandbox:    NONE: bubblewrap" in process.cli("status").stdout
     write_user_servers(daemon, {"echo": python_server(ECHO_SERVER)})

@@ -200,6 +200,7 @@ def test_what_the_sandbox_shows_is_said_exactly_and_an_unconfined_connector_says
         "read_paths": ["/opt/models"],
         "write_paths": [],
         "network": False,
+        "abstract_sockets": "none",
         "home": str(world.dirs[2] / "homes" / "tool"),
     }
     assert sandbox_text(on).endswith("workspace read; reads /opt/models; no network")
@@ -209,3 +210,31 @@ def test_what_the_sandbox_shows_is_said_exactly_and_an_unconfined_connector_says
     assert none == {"mode": "none", "why": NONE_HERE.reason}
     refused = world.sandbox(NONE_HERE).describe("tool", Confinement(required=True), network=True)
     assert sandbox_text(refused).startswith("REQUIRED, and there is none here, so it does not start")
+
+
+def test_where_landlock_scopes_abstract_sockets_bwrap_runs_under_the_launcher_and_is_shown_so(world: World) -> None:
+    launcher = ("/venv/bin/python", "-I", "-S", "/sidecar/launcher.py", "--scope", "--keyrings", "--")
+    scoped = Support(True, "bubblewrap 0.8.0; abstract sockets scoped (Landlock ABI 7)", BWRAP, launcher)
+    assert (scoped.scoped, scoped.keyrings_refused) == (True, True)
+    assert scoped.as_json()["abstract_sockets_scoped"] is True
+    argv, _, _ = world.confine(support=scoped)
+    assert argv[: len(launcher) + 1] == (*launcher, BWRAP)
+    online = world.sandbox(scoped).describe("tool", DEFAULT, network=True)
+    assert online["abstract_sockets"] == "none"
+    assert sandbox_text(online).endswith("; the network")
+
+
+def test_where_the_kernel_cannot_scope_them_a_connector_with_the_network_is_shown_reaching_them(world: World) -> None:
+    argv, _, _ = world.confine(support=HERE)
+    assert argv[0] == BWRAP  # no launcher
+    assert HERE.as_json() == {
+        "available": True,
+        "reason": HERE.reason,
+        "abstract_sockets_scoped": False,
+        "keyrings_refused": False,
+    }
+    online = world.sandbox(HERE).describe("tool", DEFAULT, network=True)
+    assert online["abstract_sockets"] == "reachable"
+    assert "the host's abstract sockets (an X11 display, a D-Bus bus)" in sandbox_text(online)
+    offline = world.sandbox(HERE).describe("tool", DEFAULT, network=False)
+    assert offline["abstract_sockets"] == "none"  # its own network namespace has none of the host's

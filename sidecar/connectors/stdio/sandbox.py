@@ -10,16 +10,19 @@ A sandboxed connector sees (contract §5):
   ``npx``/``uvx`` caches and a server's own state survive a restart);
 * what it declares (``Confinement``): the session's workspace read-only or read-write, more read or
   write paths; and the network only when it needs it (a connector that works offline gets its own
-  network namespace: a loopback of its own, none of the host's listeners, no name resolution).
+  network namespace: a loopback of its own, none of the host's listeners, no name resolution; one that
+  shares the host's is kept from its abstract UNIX sockets by Landlock, ``launcher.py``, where the kernel can).
 
 It never sees sidecar's config, state or data directories (masked even inside a path it may see), the
 user's real home (``~/.ssh``, ``~/.aws``, the keyrings, shell rc files), ``/run`` (the D-Bus session bus,
-display sockets) nor ``$SSH_AUTH_SOCK``. A declared path that is ``/`` or holds the home, or lies in
+display sockets) nor ``$SSH_AUTH_SOCK``, nor (where the kernel allows, ``launcher.py``) the host's abstract
+sockets and the kernel keyrings. A declared path that is ``/`` or holds the home, or lies in
 sidecar's directories, is refused: the connector does not start, and says why.
 
-``detect`` runs ``bwrap`` once with the namespaces used here: it says whether there is a sandbox and, if
-not, why (not Linux, no bwrap, user namespaces refused). Where there is none, a connector runs as before,
-shown as unsandboxed, unless it declared ``"required": true``.
+``detect`` runs ``bwrap`` once with the namespaces used here, and once more under ``launcher.py``: it
+says whether there is a sandbox and, if not, why (not Linux, no bwrap, user namespaces refused), and
+whether the kernel also keeps abstract sockets and keyrings out of reach. Where there is none, a
+connector runs as before, shown as unsandboxed, unless it declared ``"required": true``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Final
 
 from sidecar.connectors.manifest.spec import Confinement
+from sidecar.connectors.stdio import launcher as kernel
 from sidecar.errors import ToolError
 from sidecar.paths import Paths
 
@@ -74,9 +78,27 @@ class Support:
     available: bool
     reason: str
     program: str | None = None
+    launcher: tuple[str, ...] = ()
+    """What runs ``bwrap`` with the kernel's own restrictions (``launcher.py``); empty where there are none."""
+
+    @property
+    def scoped(self) -> bool:
+        """Whether the host's abstract sockets are out of reach (else a connector with the network reaches
+        them: an X11 display, a D-Bus bus)."""
+        return kernel.SCOPE in self.launcher
+
+    @property
+    def keyrings_refused(self) -> bool:
+        """Whether the kernel keyrings (the daemon's session keyring) are out of reach."""
+        return kernel.KEYRINGS in self.launcher
 
     def as_json(self) -> dict[str, object]:
-        return {"available": self.available, "reason": self.reason}
+        return {
+            "available": self.available,
+            "reason": self.reason,
+            "abstract_sockets_scoped": self.scoped,
+            "keyrings_refused": self.keyrings_refused,
+        }
 
 
 def detect(program: str = "bwrap") -> Support:
@@ -92,23 +114,56 @@ def _probe(program: str) -> Support:
     if found is None:
         return Support(False, f"bubblewrap ({program}) is not installed: connectors run unconfined")
     argv = [found, "--ro-bind", "/", "/", *_NAMESPACES, "--unshare-net", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--die-with-parent", "--cap-drop", "ALL", "true"]
     try:
-        done = subprocess.run(  # noqa: S603 - fixed argv built here, no shell
-            [*argv, "--die-with-parent", "--cap-drop", "ALL", "true"],
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT,
-            check=False,
-        )
+        why = _fails(argv)
         version = subprocess.run(  # noqa: S603 - fixed argv, no shell
             [found, "--version"], check=False, capture_output=True, text=True, timeout=_PROBE_TIMEOUT
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Support(False, f"{found} did not run ({exc}): connectors run unconfined")
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    if why is not None:
         return Support(False, f"{found} cannot make a sandbox here ({why}): connectors run unconfined")
-    return Support(True, version.stdout.strip() or found, found)
+    name = version.stdout.strip() or found
+    flags, said = _restrictions()
+    if not flags:
+        return Support(True, f"{name}; {said}", found)
+    launcher = (sys.executable, "-I", "-S", kernel.SCRIPT, *flags, "--")
+    try:
+        why = _fails([*launcher, *argv])
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        why = str(exc)
+    if why is not None:
+        return Support(True, f"{name}; abstract sockets NOT scoped, keyrings NOT refused ({why})", found)
+    return Support(True, f"{name}; {said}", found, launcher)
+
+
+def _restrictions() -> tuple[list[str], str]:
+    """The launcher's flags this kernel and system allow, and what they mean (or why one is missing)."""
+    flags: list[str] = []
+    abi = kernel.abi_version()
+    if abi >= kernel.SCOPE_ABI:
+        flags.append(kernel.SCOPE)
+        said = [f"abstract sockets scoped (Landlock ABI {abi})"]
+    else:
+        have = f"Landlock ABI {abi}" if abi else "no Landlock"
+        said = [f"abstract sockets NOT scoped ({have}, needs {kernel.SCOPE_ABI})"]
+    if kernel.libseccomp() is not None:
+        flags.append(kernel.KEYRINGS)
+        said.append("keyrings refused (seccomp)")
+    else:
+        said.append("keyrings NOT refused (no libseccomp.so.2)")
+    return flags, "; ".join(said)
+
+
+def _fails(argv: list[str]) -> str | None:
+    """Why ``argv`` failed (its last line of stderr), or None if it exited 0."""
+    done = subprocess.run(  # noqa: S603 - fixed argv built here, no shell
+        argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT, check=False
+    )
+    if done.returncode == 0:
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
 
 
 def _within(path: str, root: str) -> bool:
@@ -130,17 +185,19 @@ def sandbox_argv(
     masked: Iterable[str],
     cwd: str,
     network: bool,
+    launcher: Sequence[str] = (),
 ) -> list[str]:
     """The ``bwrap`` command line that runs ``argv`` with exactly ``mounts`` ((flag, source, target),
     parents before children so no bind shadows a narrower one, one per target, writable where any of
-    them is), ``masked`` directories emptied last, in ``cwd``, with the host's network or a namespace of its own."""
+    them is), ``masked`` directories emptied last, in ``cwd``, with the host's network or a namespace of its own;
+    ``bwrap`` itself run by ``launcher`` (``Support.launcher``) when there is one."""
     chosen: dict[str, _Mount] = {}
     for mount in (_Mount(*m) for m in mounts):  # one mount per target: a writable bind beats a read-only one
         held = chosen.get(mount.target)
         if held is None or (held.flag != "--bind" and mount.flag == "--bind"):
             chosen[mount.target] = mount
     ordered = sorted(chosen.values(), key=lambda m: (m.target.count("/"), m.target))
-    line = [program, "--die-with-parent", *_NAMESPACES, "--cap-drop", "ALL"]
+    line = [*launcher, program, "--die-with-parent", *_NAMESPACES, "--cap-drop", "ALL"]
     if not network:
         line.append("--unshare-net")
     line += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", _PRIVATE_TMP]
@@ -174,6 +231,7 @@ class Sandbox:
             "read_paths": list(confinement.read_paths),
             "write_paths": list(confinement.write_paths),
             "network": network,
+            "abstract_sockets": "reachable" if network and not self.support.scoped else "none",
             "home": str(self._homes / connector_id),
         }
 
@@ -231,7 +289,13 @@ class Sandbox:
         if "TMPDIR" in inner:
             inner["TMPDIR"] = _PRIVATE_TMP
         wrapped = sandbox_argv(
-            self.support.program, argv, mounts=mounts, masked=masked, cwd=inside or home, network=network
+            self.support.program,
+            argv,
+            mounts=mounts,
+            masked=masked,
+            cwd=inside or home,
+            network=network,
+            launcher=self.support.launcher,
         )
         return tuple(wrapped), inner, None
 

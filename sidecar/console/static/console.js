@@ -111,6 +111,7 @@
     if (s.read_paths.length) shown.push("reads " + s.read_paths.join(", "));
     if (s.write_paths.length) shown.push("writes " + s.write_paths.join(", "));
     shown.push(s.network ? "the network" : "no network");
+    if (s.abstract_sockets === "reachable") shown.push("and the host's abstract sockets (an X11 display, a D-Bus bus): this kernel cannot scope them");
     return "sandboxed: the system read-only, its own files, a private home and /tmp; " + shown.join("; ");
   }
 
