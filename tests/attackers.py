@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import os
+import platform
 import shutil
 import sys
 from collections.abc import AsyncIterator
@@ -21,9 +23,21 @@ import pytest
 
 from sidecar.connectors.stdio.sandbox import detect
 
-__all__ = ["OTHER_UID", "as_other_user", "needs_other_user", "needs_sandbox", "watching_command_lines"]
+__all__ = [
+    "KEYCTL",
+    "OTHER_UID",
+    "as_other_user",
+    "needs_other_user",
+    "needs_sandbox",
+    "plant_session_key",
+    "watching_command_lines",
+]
 
 OTHER_UID = 65534
+KEYCTL = {"x86_64": 250, "aarch64": 219}.get(platform.machine(), -1)
+"""keyctl(2)'s system call number here (no Python binding for the kernel keyrings in the standard library)."""
+_ADD_KEY = {"x86_64": 248, "aarch64": 217}.get(platform.machine(), -1)
+_KEYCTL_JOIN_SESSION_KEYRING, _SESSION_KEYRING = 1, -3
 
 
 def _why_not() -> str | None:
@@ -111,3 +125,16 @@ def needs_sandbox() -> pytest.MarkDecorator:
     if not support.available and os.environ.get("CI") == "true":
         raise RuntimeError(f"CI must run the sandbox tests: {support.reason}")
     return pytest.mark.skipif(not support.available, reason=support.reason)
+
+
+def plant_session_key(description: str, payload: bytes) -> None:
+    """Put a ``user`` key in a new, anonymous session keyring of this process, which every process it starts
+    then inherits, as a login's Kerberos ticket or ecryptfs key would be (``keyctl new_session; keyctl add``).
+    A new keyring, so the account's own is untouched; it goes when the last process holding it exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        raise OSError(ctypes.get_errno(), "keyctl(JOIN_SESSION_KEYRING)")
+    key = libc.syscall(_ADD_KEY, b"user", description.encode(), payload, len(payload), ctypes.c_int(_SESSION_KEYRING))
+    if key < 0:
+        raise OSError(ctypes.get_errno(), "add_key")

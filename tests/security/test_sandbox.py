@@ -4,16 +4,18 @@ or of the user's (contract §5).
 The connector (``fixtures/hostile.py``) is a user's server with one LOW tool that tries, from inside, what
 a compromised package would: find the daemon's ``SIDECAR_HOME`` in ``/proc/*/environ``, read
 ``runtime.json`` (the control token), ``credentials.key`` and ``credentials.enc``, ``sessions.json``, a
-planted ``~/.ssh/id_ed25519`` and keyring file; write ``~/.bashrc`` and a file outside its workspace;
-reach the control API, a listener on the host's loopback, and resolve a name. The daemon runs as a real
-process with a planted home. The same connector opted out (``"sidecarSandbox": false``) reads them all, so
-the refusals are the sandbox's doing.
+planted ``~/.ssh/id_ed25519`` and keyring file, and a key in the session keyring it inherits; write
+``~/.bashrc`` and a file outside its workspace; reach the control API, a listener on the host's loopback
+and one on an abstract UNIX socket (where an X11 display or a D-Bus bus listens), and resolve a name. The
+daemon runs as a real process with a planted home. The same connector opted out
+(``"sidecarSandbox": false``) reads them all, so the refusals are the sandbox's doing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +23,16 @@ from typing import Any
 
 import pytest
 
+from sidecar.connectors.stdio.sandbox import detect
 from sidecar.store.runtime import read_runtime
-from tests.attackers import needs_sandbox
+from tests.attackers import needs_sandbox, plant_session_key
 from tests.conftest import Daemon, mcp_client, start_daemon_process, stop_daemon_process
 from tests.helpers import FIXTURES, python_server, tool_text, trust, write_user_servers
 
 pytestmark = [pytest.mark.slow, needs_sandbox()]
 
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----planted"
+SESSION_KEY = ("sidecar-test-planted", "a login's ticket")
 BASHRC = "# the user's own .bashrc\n"
 
 
@@ -38,6 +42,8 @@ class Victim:
     home: Path
     outside: Path
     listener: int
+    abstract: str
+    """The name of a host listener on an abstract UNIX socket, as an X11 display's ``@/tmp/.X11-unix/X0``."""
 
 
 @pytest.fixture
@@ -55,6 +61,7 @@ def planted_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def daemon_with_home(home: Path, planted_home: Path, workspace: Path) -> Iterator[Daemon]:
+    plant_session_key(SESSION_KEY[0], SESSION_KEY[1].encode())  # the daemon, and so its connectors, inherit it
     process = start_daemon_process(home)
     try:
         runtime = read_runtime(process.paths)
@@ -73,12 +80,15 @@ async def victim(daemon_with_home: Daemon, planted_home: Path, tmp_path: Path) -
 
     outside = tmp_path / "outside"
     outside.mkdir()
+    abstract = f"sidecar-test-display-{os.getpid()}-{tmp_path.name}"
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    display = await asyncio.start_unix_server(answer, "\0" + abstract)
     try:
-        yield Victim(daemon_with_home, planted_home, outside, server.sockets[0].getsockname()[1])
+        yield Victim(daemon_with_home, planted_home, outside, server.sockets[0].getsockname()[1], abstract)
     finally:
-        server.close()
-        await server.wait_closed()
+        for listener in (server, display):
+            listener.close()
+            await listener.wait_closed()
 
 
 async def _attack(victim: Victim, **entry: Any) -> dict[str, str]:
@@ -103,6 +113,8 @@ async def _attack(victim: Victim, **entry: Any) -> dict[str, str]:
         "reads": [str(path) for path in reads],
         "writes": [str(victim.home / ".bashrc"), str(victim.outside / "dropped.txt")],
         "ports": [victim.listener, daemon.port],
+        "abstract": [victim.abstract],
+        "keys": [SESSION_KEY[0]],
         "names": ["example.com"],
         "urls": [f"{daemon.url}/control/status"],
     }
@@ -118,6 +130,15 @@ def _failed(outcomes: dict[str, str], prefix: str) -> dict[str, str]:
     return {k: v for k, v in outcomes.items() if k.startswith(prefix) and not v.startswith("error")}
 
 
+def _session_key_as_said(outcomes: dict[str, str]) -> None:
+    """The key in the session keyring it inherited: refused where seccomp keeps the keyrings out (libseccomp
+    is installed), else read, as status says."""
+    if detect().keyrings_refused:
+        assert outcomes[f"key {SESSION_KEY[0]}"].startswith("error: PermissionError"), outcomes
+    else:
+        assert outcomes[f"key {SESSION_KEY[0]}"] == f"ok: {SESSION_KEY[1]}"
+
+
 def _nothing_written(victim: Victim) -> None:
     assert (victim.home / ".bashrc").read_text() == BASHRC
     assert not (victim.outside / "dropped.txt").exists()
@@ -130,6 +151,7 @@ async def test_an_offline_hostile_connector_reads_writes_and_reaches_nothing(vic
     assert _failed(outcomes, "connect ") == {}  # neither the host's listener nor the daemon's port
     assert _failed(outcomes, "resolve ") == {}
     assert _failed(outcomes, "request ") == {}
+    _session_key_as_said(outcomes)
     _nothing_written(victim)
     granted = [r for r in victim.daemon.audit_events("trust.granted") if r["name"] == "hostile"]
     assert granted[-1]["sandbox"] == "on"
@@ -142,6 +164,19 @@ async def test_a_hostile_connector_with_the_network_still_reads_nothing_and_the_
     assert outcomes["find SIDECAR_HOME"].startswith("error"), outcomes
     assert _failed(outcomes, "read ") == {}
     assert outcomes[f"connect {victim.listener}"] == "ok: HOST LISTENER"  # it has the network it needs
+    shown = await victim.daemon.control("GET", "/control/connectors/hostile")
+    if detect().scoped:  # Landlock (Linux >= 6.12) scopes the host's abstract sockets away
+        assert outcomes[f"connect @{victim.abstract}"].startswith("error: PermissionError"), outcomes
+        assert shown["sandbox"]["abstract_sockets"] == "none"
+    else:  # an older kernel: reachable, and said so
+        assert outcomes[f"connect @{victim.abstract}"] == "ok: HOST LISTENER"
+        assert shown["sandbox"]["abstract_sockets"] == "reachable"
+    _session_key_as_said(outcomes)
+    status = (await victim.daemon.control("GET", "/control/status"))["sandbox"]
+    assert (status["abstract_sockets_scoped"], status["keyrings_refused"]) == (
+        detect().scoped,
+        detect().keyrings_refused,
+    )
     assert outcomes[f"request {victim.daemon.url}/control/status"].startswith("error: HTTPError: HTTP Error 401")
     _nothing_written(victim)
 
@@ -152,6 +187,7 @@ async def test_the_same_connector_opted_out_of_the_sandbox_reads_everything(vict
     assert _failed(outcomes, "read ") == {k: v for k, v in outcomes.items() if k.startswith("read ")}
     assert SSH_KEY[:40] in outcomes[f"read {victim.home / '.ssh' / 'id_ed25519'}"]
     assert "control_token" in outcomes[f"read {victim.daemon.paths.runtime_file}"]
+    assert outcomes[f"connect @{victim.abstract}"] == "ok: HOST LISTENER"
     assert (victim.home / ".bashrc").read_text() == BASHRC + "echo pwned\n"
     assert (victim.outside / "dropped.txt").exists()
     granted = [r for r in victim.daemon.audit_events("trust.granted") if r["name"] == "hostile"]
