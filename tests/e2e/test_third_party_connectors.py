@@ -154,3 +154,19 @@ async def test_a_uvx_started_server_runs_sandboxed_with_its_cache_in_its_own_hom
         now = await client.call_tool("mcp__clock__get_current_time", {"timezone": "Asia/Tokyo"})
     assert not now.is_error and "Asia/Tokyo" in tool_text(now)
     assert any((daemon.paths.data / "homes" / "clock").rglob("mcp_server_time*"))  # its cache, in its home
+
+
+async def test_a_node_server_named_by_its_script_path_finds_its_dependencies_in_its_sandbox(daemon: Daemon) -> None:
+    """As a desktop agent's config names a locally installed server: ``node <its dist/index.js>``, no cwd.
+    Its dependencies are hoisted into the ``node_modules`` above its package, which its sandbox shows."""
+    script = EVERYTHING_BIN.resolve()  # .../node_modules/@modelcontextprotocol/server-everything/dist/index.js
+    node = shutil.which("node")
+    if node is None or not script.exists():
+        pytest.fail("node and tests/third_party/node_modules are required: run scripts/test, which installs them")
+    write_user_servers(daemon, {"everything": {"command": node, "args": [str(script), "stdio"]}})
+    shown = await trust(daemon, "everything")
+    assert shown["error"] is None, shown
+    session = await daemon.new_session(mode="bypass", allow=["mcp__everything__*"])
+    async with mcp_client(session) as client:
+        echo = await client.call_tool("mcp__everything__echo", {"message": "by its path"})
+    assert tool_text(echo) == "Echo: by its path"

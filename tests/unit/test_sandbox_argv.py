@@ -238,3 +238,75 @@ def test_where_the_kernel_cannot_scope_them_a_connector_with_the_network_is_show
     assert "the host's abstract sockets (an X11 display, a D-Bus bus)" in sandbox_text(online)
     offline = world.sandbox(HERE).describe("tool", DEFAULT, network=False)
     assert offline["abstract_sockets"] == "none"  # its own network namespace has none of the host's
+
+
+def test_a_script_shows_its_project_so_its_imports_resolve(world: World) -> None:
+    project = world.tools.parent / "my-server"
+    (project / "dist").mkdir(parents=True)
+    (project / "package.json").write_text("{}")
+    script = project / "dist" / "index.js"
+    script.write_text("")
+    argv, _, _ = world.confine(argv=("node", str(script)))
+    assert ("--ro-bind", str(project), str(project)) in _mounts(argv)  # its node_modules beside package.json
+
+
+def test_a_script_inside_node_modules_shows_the_outermost_node_modules_where_npm_hoists(world: World) -> None:
+    tree = world.tools / "node_modules"
+    package = tree / "@scope" / "server" / "node_modules" / "inner"
+    (package / "dist").mkdir(parents=True)
+    (package / "package.json").write_text("{}")
+    script = package / "dist" / "index.js"
+    script.write_text("")
+    argv, _, _ = world.confine(argv=("node", str(script)))
+    shown = [m for m in _mounts(argv) if m[0] == "--ro-bind"]
+    assert ("--ro-bind", str(tree), str(tree)) in shown
+    assert not any(m[-1] == str(package) for m in shown)
+
+
+def test_a_project_that_is_your_home_is_not_shown_but_the_scripts_directory_is(world: World) -> None:
+    (world.home / "package.json").write_text("{}")  # `npm install` once run in the home
+    scripts = world.home / "bin"
+    scripts.mkdir()
+    (scripts / "server.js").write_text("")
+    argv, _, _ = world.confine(argv=("node", str(scripts / "server.js")))
+    shown = [m for m in _mounts(argv) if m[0] == "--ro-bind"]
+    assert not any(m[-1] == str(world.home) for m in shown)
+    assert ("--ro-bind", str(scripts), str(scripts)) in shown
+
+
+def test_a_script_in_its_package_adds_nothing_beyond_the_package(world: World) -> None:
+    checkout = world.tools.parent / "checkout"  # a connector package inside a project, as sidecar's own
+    package = checkout / "connectors" / "tool"
+    package.mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("")
+    (package / "server.py").write_text("")
+
+    def shown(roots: list[Path]) -> list[str]:
+        argv, _, _ = world.sandbox().confine(
+            "tool",
+            DEFAULT,
+            (sys.executable, str(package / "server.py")),
+            {"HOME": str(world.home), "PATH": "/usr/bin"},
+            cwd=None,
+            workspace=str(world.workspace),
+            roots=roots,
+            network=True,
+        )
+        return [m[-1] for m in _mounts(argv) if m[0] == "--ro-bind"]
+
+    assert str(checkout) in shown([])  # a user's script: its project
+    assert str(package) in shown([package]) and str(checkout) not in shown([package])  # a package: itself
+
+
+def test_a_project_holding_the_workspace_shows_it_empty_unless_declared(world: World) -> None:
+    (world.workspace.parent / "package.json").write_text("{}")  # the workspace is a folder of the project
+    script = world.workspace.parent / "server.js"
+    script.write_text("")
+    project, ws = str(world.workspace.parent), str(world.workspace)
+    argv, _, _ = world.confine(argv=("node", str(script)))
+    mounts = _mounts(argv)
+    assert ("--ro-bind", project, project) in mounts
+    assert mounts.index(("--tmpfs", ws)) > mounts.index(("--ro-bind", project, project))  # masked
+    argv, _, _ = world.confine(Confinement(workspace="read"), argv=("node", str(script)))
+    mounts = _mounts(argv)
+    assert ("--ro-bind", ws, ws) in mounts and ("--tmpfs", ws) not in mounts

@@ -4,7 +4,8 @@ A sandboxed connector sees (contract §5):
 
 * the system read-only: ``/usr``, ``/bin``, ``/sbin``, ``/lib*``, ``/etc``, ``/opt``; its own files
   read-only: its package or plugin directory, its command's installation (a venv and the Python it was
-  made from, a Node install), the directory of a script named on its command line, and its own ``cwd``;
+  made from, a Node install), the project of a script named on its command line (its outermost
+  ``node_modules``, or the directory with its ``package.json`` or ``pyproject.toml``), and its own ``cwd``;
 * a private ``/tmp``, ``/dev`` and ``/proc`` (its own PID namespace: no other process, so no
   ``/proc/<daemon>/environ``), and a private ``$HOME`` kept per connector under ``<data>/homes/<id>`` (so
   ``npx``/``uvx`` caches and a server's own state survive a restart);
@@ -266,7 +267,7 @@ class Sandbox:
         mounts += self._system()
         for root in roots:  # its package or plugin directory
             mounts.append(("--ro-bind", str(root), str(root)))
-        mounts += self._own_files(argv, env.get("PATH"), workspace)
+        mounts += self._own_files(argv, env.get("PATH"), workspace, roots)
         inside = cwd
         if workspace and confinement.workspace != "none":
             flag = "--bind" if confinement.workspace == "read-write" else "--ro-bind"
@@ -277,11 +278,14 @@ class Sandbox:
             mounts.append(("--ro-bind", os.path.realpath(inside), inside))
         mounts += [("--ro-bind", os.path.realpath(p), p) for p in confinement.read_paths if os.path.exists(p)]
         mounts += [("--bind", os.path.realpath(p), p) for p in confinement.write_paths if os.path.exists(p)]
+        never = list(self._hidden)  # masked wherever a shown path holds them
+        if workspace and confinement.workspace == "none":
+            never.append(os.path.realpath(workspace))  # the workspace only if declared, even inside a project
         masked = [
             target + hidden[len(source.rstrip("/")) :]
             for flag, source, target in mounts
             if flag in ("--bind", "--ro-bind")
-            for hidden in self._hidden
+            for hidden in never
             if _within(hidden, source) and os.path.isdir(hidden)
         ]
         inner = dict(env)
@@ -335,33 +339,51 @@ class Sandbox:
             mounts.append(("--ro-bind", resolver, resolver))
         return mounts
 
-    def _own_files(self, argv: Sequence[str], search: str | None, workspace: str) -> list[tuple[str, str, str]]:
+    def _own_files(
+        self, argv: Sequence[str], search: str | None, workspace: str, roots: Sequence[Path]
+    ) -> list[tuple[str, str, str]]:
         """Read-only: the command's installation (its prefix, e.g. a venv and the Python it was made from)
-        and the directory of each script named on the command line (the script alone where its directory
-        may not be shown, e.g. your home)."""
-        found: list[tuple[str, str | None]] = []  # (a directory to show, else this file)
+        and the project of each script named on the command line outside its package's ``roots``
+        (``_project_of``), else the script's directory, else the script alone, whichever may be shown
+        first (not your home, e.g.)."""
+        found: list[tuple[str | None, ...]] = []  # per file: what to show, the widest first
         command = shutil.which(argv[0], path=search) if argv else None
         if command is not None:
             for path in {os.path.abspath(command), os.path.realpath(command)}:
-                found.append((os.path.dirname(os.path.dirname(path)), None))  # <prefix>/bin/<command>
+                found.append((os.path.dirname(os.path.dirname(path)),))  # <prefix>/bin/<command>
             if os.path.realpath(command) == os.path.realpath(sys.executable):
-                found += [(sys.prefix, None), (sys.base_prefix, None)]
+                found += [(sys.prefix,), (sys.base_prefix,)]
         for arg in argv[1:]:
-            if arg.startswith("/") and os.path.isfile(arg):
-                found.append((os.path.dirname(arg), arg))
+            if arg.startswith("/") and os.path.isfile(arg) and not any(_within(arg, str(r)) for r in roots):
+                found.append((_project_of(arg), os.path.dirname(arg), arg))
         mounts: list[tuple[str, str, str]] = []
-        for directory, file in found:
-            if any(_within(directory, system) for system in SYSTEM_DIRS):
-                continue
-            for candidate in (directory, file):
-                if (
-                    candidate is not None
-                    and os.path.exists(candidate)
-                    and self._shown_automatically(candidate, workspace)
-                ):
+        for candidates in found:
+            for candidate in candidates:
+                if candidate is None or not os.path.exists(candidate):
+                    continue
+                if any(_within(candidate, system) for system in SYSTEM_DIRS):
+                    break  # shown already
+                if self._shown_automatically(candidate, workspace):
                     mounts.append(("--ro-bind", os.path.realpath(candidate), candidate))
                     break
         return mounts
+
+
+_PROJECT_FILES: Final = ("package.json", "pyproject.toml")
+
+
+def _project_of(script: str) -> str | None:
+    """The project a script belongs to, as its runtime resolves imports: the outermost ``node_modules`` it
+    lies in (Node looks for a package's dependencies up that tree, where npm hoists them), else the nearest
+    directory above it with a ``package.json`` or ``pyproject.toml``; None if neither."""
+    ancestors = Path(script).parents
+    for directory in reversed(ancestors):  # from / down: the outermost first
+        if directory.name == "node_modules":
+            return str(directory)
+    for directory in ancestors:
+        if any((directory / name).is_file() for name in _PROJECT_FILES):
+            return str(directory)
+    return None
 
 
 async def daemon_sandbox(program: str, paths: Paths) -> Sandbox:
