@@ -5,10 +5,10 @@ The connector (``fixtures/hostile.py``) is a user's server with one LOW tool tha
 a compromised package would: find the daemon's ``SIDECAR_HOME`` in ``/proc/*/environ``, read
 ``runtime.json`` (the control token), ``credentials.key`` and ``credentials.enc``, ``sessions.json``, a
 planted ``~/.ssh/id_ed25519`` and keyring file, and a key in the session keyring it inherits; write
-``~/.bashrc`` and a file outside its workspace; reach the control API, a listener on the host's loopback
-and one on an abstract UNIX socket (where an X11 display or a D-Bus bus listens), and resolve a name. The
-daemon runs as a real process with a planted home. The same connector opted out
-(``"sidecarSandbox": false``) reads them all, so the refusals are the sandbox's doing.
+``~/.bashrc`` and a file outside its workspace; reach the control API, a listener and a resolver on the
+host's loopback and a listener on an abstract UNIX socket (where an X11 display or a D-Bus bus listens),
+and resolve a name. The daemon runs as a real process with a planted home. The same connector opted out
+(``"sidecarSandbox": false``) reads and reaches them all, so the refusals are the sandbox's doing.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -44,6 +44,9 @@ class Victim:
     listener: int
     abstract: str
     """The name of a host listener on an abstract UNIX socket, as an X11 display's ``@/tmp/.X11-unix/X0``."""
+    resolver: int
+    """A UDP port on the host's loopback that answers, where a resolver listens (systemd-resolved's
+    127.0.0.53:53): resolving a name is reaching it (this machine's own resolver answers nothing)."""
 
 
 @pytest.fixture
@@ -83,12 +86,25 @@ async def victim(daemon_with_home: Daemon, planted_home: Path, tmp_path: Path) -
     abstract = f"sidecar-test-display-{os.getpid()}-{tmp_path.name}"
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     display = await asyncio.start_unix_server(answer, "\0" + abstract)
+    resolver, _ = await asyncio.get_running_loop().create_datagram_endpoint(_Resolver, local_addr=("127.0.0.1", 0))
     try:
-        yield Victim(daemon_with_home, planted_home, outside, server.sockets[0].getsockname()[1], abstract)
+        port = server.sockets[0].getsockname()[1]
+        yield Victim(daemon_with_home, planted_home, outside, port, abstract, resolver.get_extra_info("sockname")[1])
     finally:
+        resolver.close()
         for listener in (server, display):
             listener.close()
             await listener.wait_closed()
+
+
+class _Resolver(asyncio.DatagramProtocol):
+    """Answers every datagram with ``RESOLVED``."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)  # the selector's is not a subclass of it
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        self.transport.sendto(b"RESOLVED", addr)
 
 
 async def _attack(victim: Victim, **entry: Any) -> dict[str, str]:
@@ -113,6 +129,7 @@ async def _attack(victim: Victim, **entry: Any) -> dict[str, str]:
         "reads": [str(path) for path in reads],
         "writes": [str(victim.home / ".bashrc"), str(victim.outside / "dropped.txt")],
         "ports": [victim.listener, daemon.port],
+        "resolvers": [victim.resolver],
         "abstract": [victim.abstract],
         "keys": [SESSION_KEY[0]],
         "names": ["example.com"],
@@ -150,6 +167,7 @@ async def test_an_offline_hostile_connector_reads_writes_and_reaches_nothing(vic
     assert _failed(outcomes, "read ") == {}
     assert _failed(outcomes, "connect ") == {}  # neither the host's listener nor the daemon's port
     assert _failed(outcomes, "resolve ") == {}
+    assert _failed(outcomes, "query ") == {}  # nor a resolver on the host's loopback
     assert _failed(outcomes, "request ") == {}
     _session_key_as_said(outcomes)
     _nothing_written(victim)
@@ -164,6 +182,7 @@ async def test_a_hostile_connector_with_the_network_still_reads_nothing_and_the_
     assert outcomes["find SIDECAR_HOME"].startswith("error"), outcomes
     assert _failed(outcomes, "read ") == {}
     assert outcomes[f"connect {victim.listener}"] == "ok: HOST LISTENER"  # it has the network it needs
+    assert outcomes[f"query {victim.resolver}"] == "ok: RESOLVED"
     shown = await victim.daemon.control("GET", "/control/connectors/hostile")
     if detect().scoped:  # Landlock (Linux >= 6.12) scopes the host's abstract sockets away
         assert outcomes[f"connect @{victim.abstract}"].startswith("error: PermissionError"), outcomes
@@ -188,6 +207,8 @@ async def test_the_same_connector_opted_out_of_the_sandbox_reads_everything(vict
     assert SSH_KEY[:40] in outcomes[f"read {victim.home / '.ssh' / 'id_ed25519'}"]
     assert "control_token" in outcomes[f"read {victim.daemon.paths.runtime_file}"]
     assert outcomes[f"connect @{victim.abstract}"] == "ok: HOST LISTENER"
+    assert outcomes[f"query {victim.resolver}"] == "ok: RESOLVED"
+    assert outcomes[f"key {SESSION_KEY[0]}"] == f"ok: {SESSION_KEY[1]}"
     assert (victim.home / ".bashrc").read_text() == BASHRC + "echo pwned\n"
     assert (victim.outside / "dropped.txt").exists()
     granted = [r for r in victim.daemon.audit_events("trust.granted") if r["name"] == "hostile"]
