@@ -1,6 +1,6 @@
 """A revoke wins over a refresh already in flight (issue 24), raced many times through the real daemon.
 
-Against panva's ``oidc-provider`` (``tests/oauth_as``) with two-second access tokens, each round signs in,
+Against panva's ``oidc-provider`` (``tests/oauth_as``) with three-second access tokens, each round signs in,
 lets the access token expire, starts calls (the daemon refreshes once) and, once the AS has the refresh
 request (which it answers ``HOLD_MS`` late), revokes through the control API at a different offset each
 round: before the tokens reach the daemon, or just after. It fails on the first round where
@@ -125,7 +125,10 @@ async def test_a_revoke_racing_refreshes_leaves_nothing_usable_stored_or_active(
     from sidecar.paths import Paths
 
     outcomes: dict[str, int] = {}
-    race = {"AT_TTL": "2", "LOG_TOKENS": "1", "TOKEN_ONLY_REVOCATION": "1", "TOKEN_DELAY_MS": str(HOLD_MS)}
+    # Three-second access tokens: the AS counts whole seconds (exp = floor(now) + AT_TTL), so one lives
+    # between AT_TTL - 1 and AT_TTL seconds, and the sign-in's retried request must reach the resource
+    # server inside that; at 2 a CI machine under load once took longer (a 401 after a fresh token).
+    race = {"AT_TTL": "3", "LOG_TOKENS": "1", "TOKEN_ONLY_REVOCATION": "1", "TOKEN_DELAY_MS": str(HOLD_MS)}
     with oauth_servers(tmp_path, **race) as servers:
         for first in range(0, ROUNDS, RESTART_EVERY):
             async with running_daemon(Paths.resolve(), workspace) as daemon:
