@@ -119,6 +119,7 @@ def test_when_the_kernel_refuses_a_restriction_nothing_runs(
     def refuse() -> None:
         raise OSError(1, step)
 
+    monkeypatch.setattr(launcher, "no_new_privs", lambda: None)  # not on the test process
     monkeypatch.setattr(launcher, "scope", lambda: None)
     monkeypatch.setattr(launcher, "deny_keyrings", lambda: None)
     monkeypatch.setattr(launcher, step, refuse)

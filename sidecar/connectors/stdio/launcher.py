@@ -33,7 +33,17 @@ TYPE_CHECKING = False  # not typing's: importing typing would double this script
 if TYPE_CHECKING:
     from typing import Final
 
-__all__ = ["KEYRINGS", "SCOPE", "SCOPE_ABI", "SCRIPT", "abi_version", "deny_keyrings", "libseccomp", "scope"]
+__all__ = [
+    "KEYRINGS",
+    "SCOPE",
+    "SCOPE_ABI",
+    "SCRIPT",
+    "abi_version",
+    "deny_keyrings",
+    "libseccomp",
+    "no_new_privs",
+    "scope",
+]
 
 SCRIPT: Final = os.path.abspath(__file__)
 """This file, as the sandbox runs it."""
@@ -92,8 +102,10 @@ def libseccomp() -> ctypes.CDLL | None:
     return library
 
 
-def _no_new_privs(libc: ctypes.CDLL) -> None:
-    """What Landlock and seccomp ask of an unprivileged caller (``bwrap`` sets it inside anyway)."""
+def no_new_privs() -> None:
+    """What Landlock and seccomp ask of an unprivileged caller before ``scope`` or ``deny_keyrings``
+    (``bwrap`` sets it inside anyway)."""
+    libc = _libc()
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
@@ -102,7 +114,6 @@ def scope() -> None:
     """Put this process, and all it starts, in a Landlock domain that reaches no abstract socket made
     outside it. Raises ``OSError`` when the kernel refuses."""
     libc = _libc()
-    _no_new_privs(libc)
     # struct landlock_ruleset_attr {u64 handled_access_fs, handled_access_net, scoped}: scopes only.
     attr = ctypes.create_string_buffer(struct.pack("=QQQ", 0, 0, _SCOPE_ABSTRACT_UNIX_SOCKET), 24)
     ruleset = int(libc.syscall(_CREATE_RULESET, attr, ctypes.c_size_t(24), ctypes.c_uint32(0)))
@@ -121,7 +132,6 @@ def deny_keyrings() -> None:
     library = libseccomp()
     if library is None:
         raise OSError(errno.ENOENT, "libseccomp.so.2 is not installed")
-    _no_new_privs(_libc())
     context = library.seccomp_init(_SCMP_ACT_ALLOW)  # allow all but what is added; other arches killed
     if not context:
         raise OSError(errno.ENOMEM, "seccomp_init")
@@ -150,6 +160,8 @@ def main(argv: list[str]) -> int:
         print(f"usage: launcher.py [{SCOPE}] [{KEYRINGS}] -- COMMAND [ARG...]", file=sys.stderr)
         return 2
     try:
+        if asked:
+            no_new_privs()
         if SCOPE in asked:
             scope()
         if KEYRINGS in asked:

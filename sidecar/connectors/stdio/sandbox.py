@@ -116,26 +116,21 @@ def _probe(program: str) -> Support:
         return Support(False, f"bubblewrap ({program}) is not installed: connectors run unconfined")
     argv = [found, "--ro-bind", "/", "/", *_NAMESPACES, "--unshare-net", "--proc", "/proc", "--dev", "/dev"]
     argv += ["--die-with-parent", "--cap-drop", "ALL", "true"]
+    flags, said = _restrictions()
+    launcher = (sys.executable, "-I", "-S", kernel.SCRIPT, *flags, "--") if flags else ()
     try:
-        why = _fails(argv)
         version = subprocess.run(  # noqa: S603 - fixed argv, no shell
             [found, "--version"], check=False, capture_output=True, text=True, timeout=_PROBE_TIMEOUT
         )
+        refused = _refused(launcher, argv) if launcher else None  # bwrap under the launcher: one run
+        why = _fails(argv) if refused is not None or not launcher else None  # else bwrap alone
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Support(False, f"{found} did not run ({exc}): connectors run unconfined")
     if why is not None:
         return Support(False, f"{found} cannot make a sandbox here ({why}): connectors run unconfined")
     name = version.stdout.strip() or found
-    flags, said = _restrictions()
-    if not flags:
-        return Support(True, f"{name}; {said}", found)
-    launcher = (sys.executable, "-I", "-S", kernel.SCRIPT, *flags, "--")
-    try:
-        why = _fails([*launcher, *argv])
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        why = str(exc)
-    if why is not None:
-        return Support(True, f"{name}; abstract sockets NOT scoped, keyrings NOT refused ({why})", found)
+    if refused is not None:
+        return Support(True, f"{name}; abstract sockets NOT scoped, keyrings NOT refused ({refused})", found)
     return Support(True, f"{name}; {said}", found, launcher)
 
 
@@ -155,6 +150,14 @@ def _restrictions() -> tuple[list[str], str]:
     else:
         said.append("keyrings NOT refused (no libseccomp.so.2)")
     return flags, "; ".join(said)
+
+
+def _refused(launcher: tuple[str, ...], argv: list[str]) -> str | None:
+    """Why the probe failed under the launcher (where bwrap alone may still work), or None."""
+    try:
+        return _fails([*launcher, *argv])
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
 
 
 def _fails(argv: list[str]) -> str | None:
